@@ -1,0 +1,167 @@
+"""The command line: a thin layer over the stages. Errors become one line and an exit code."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
+
+
+class DefaultGroup(click.Group):
+    """``huggy-convert SOURCE OUT`` is ``huggy-convert convert SOURCE OUT``."""
+
+    default_command = "convert"
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [self.default_command] + list(args)
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage("huggy-convert", "CHECKPOINT|RUN_DIR OUT/ [OPTIONS]  |  huggy-convert COMMAND [ARGS]...")
+
+
+def fail(err: HuggyError, as_json: bool = False) -> None:
+    click.echo(f"huggy-convert: error: {err.one_line()}", err=True)
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": err.one_line(), "exit_code": err.exit_code}))
+    sys.exit(err.exit_code)
+
+
+def run_guarded(fn, as_json: bool = False):
+    try:
+        return fn()
+    except HuggyError as e:
+        fail(e, as_json)
+
+
+def verify_options(atol, cosine, devices, dtypes, rows=64, seed=0):
+    from .verify import VerifyOptions, parse_overrides
+
+    return VerifyOptions(rows=rows, seed=seed, devices=list(devices) or None, dtypes=tuple(dtypes),
+                         atol=parse_overrides(atol), cosine=parse_overrides(cosine))
+
+
+tolerance_options = [
+    click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
+                 help="max abs tolerance for module checks, per output (Polygraphy style); repeatable"),
+    click.option("--cosine", multiple=True, metavar="[OUTPUT:]MIN", help="minimum cosine similarity, per output"),
+    click.option("--verify-device", "devices", multiple=True, metavar="DEV",
+                 help="devices to verify on (default: every device present: cpu, cuda:i, npu:i)"),
+    click.option("--verify-dtype", "dtypes", multiple=True, default=("float32", "float16", "bfloat16"),
+                 show_default=True, type=click.Choice(["float32", "float16", "bfloat16"])),
+]
+
+
+def with_options(opts):
+    def deco(f):
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="huggy-convert")
+def main():
+    """Convert Unity ML-Agents checkpoints into verified deployable artifacts.
+
+    \b
+    huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
+    huggy-convert results/Huggy/ out/        a whole run directory (see 'batch' options)
+    huggy-convert verify out/                re-check the artifacts in out/
+
+    Exit codes: 0 success, 1 a verification failed, 2 bad input or usage.
+    """
+
+
+@main.command("convert")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--opset", type=click.IntRange(9, 15), default=9, show_default=True,
+              help="ONNX opset of the rebuilt model (9 = ML-Agents/Barracuda; 11-15 for Ascend ATC, Sentis)")
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
+              "(default: <stem>.onnx beside the checkpoint)")
+@click.option("--no-verify", is_flag=True, help="skip verification")
+@click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
+@click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
+              "policies with several observations and no official ONNX)")
+@click.option("--jobs", "-j", type=int, default=0, help="parallel workers for a run directory (default: cores)")
+@click.option("--force", is_flag=True, help="run directory: redo checkpoints the manifest already has")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+@with_options(tolerance_options)
+def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes, jobs, force, as_json,
+                atol, cosine, devices, dtypes):
+    """Convert a checkpoint (or every checkpoint of a run directory) into OUT/."""
+    from .pipeline import ConvertOptions, convert_one
+
+    def go():
+        sizes = None
+        if obs_sizes:
+            try:
+                sizes = [int(s) for s in obs_sizes.split(",")]
+            except ValueError:
+                raise InputError(f"--obs-sizes '{obs_sizes}' is not a comma-separated list of integers") from None
+        vo = verify_options(atol, cosine, devices, dtypes)
+        opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, verify=not no_verify,
+                              program=not no_program, verify_options=vo)
+        if source.is_dir():
+            from .batch import run_batch
+
+            return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
+        res = convert_one(source, out, opts)
+        if as_json:
+            click.echo(json.dumps(res.summary(), indent=2))
+        else:
+            s = res.summary()
+            click.echo(f"{source} -> {out}/")
+            click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {s['training_step']}")
+            for kind, a in res.artifacts.items():
+                click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
+            if res.report is not None:
+                click.echo(res.report.render())
+            click.echo(f"  {res.seconds:.2f} s")
+        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+
+    sys.exit(run_guarded(go, as_json))
+
+
+@main.command("verify")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint (enables check 1)")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
+@with_options(tolerance_options)
+def verify_cmd(out, reference, checkpoint, as_json, atol, cosine, devices, dtypes):
+    """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion)."""
+    from .pipeline import verify_dir
+
+    def go():
+        reps = verify_dir(out, reference=reference, checkpoint=checkpoint,
+                          options=verify_options(atol, cosine, devices, dtypes))
+        if as_json:
+            click.echo(json.dumps([r.to_dict() for r in reps] if len(reps) > 1 else reps[0].to_dict(), indent=2))
+        else:
+            for r in reps:
+                click.echo(r.render())
+        failed = [r for r in reps if not r.ok]
+        for r in failed:
+            click.echo(f"huggy-convert: verification failed: {r.subject}: {r.first_failure()}", err=True)
+        return EXIT_VERIFY_FAILED if failed else EXIT_OK
+
+    sys.exit(run_guarded(go, as_json))
+
+
+def entry() -> None:  # console script
+    try:
+        main(standalone_mode=True)
+    except KeyboardInterrupt:  # pragma: no cover
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

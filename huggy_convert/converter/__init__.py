@@ -1,0 +1,30 @@
+"""Stage 1: checkpoint -> PolicySpec + canonical tensors -> safetensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .checkpoint import Checkpoint, load_checkpoint, sha256_file  # noqa: F401
+from .mapping import MappedPolicy, map_policy  # noqa: F401
+from .policy_file import Policy, atomic_write_bytes, build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
+from .spec import PPO, SAC, PolicySpec  # noqa: F401
+
+
+@dataclass
+class Conversion:
+    policy: Policy
+    checkpoint: Checkpoint
+    mapped: MappedPolicy
+
+
+def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes)
+    md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
+                        step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
+                        exact_steps=mapped.exact_steps)
+    return Conversion(Policy(mapped.spec, mapped.tensors, mapped.sources, md), ckpt, mapped)
+
+
+def convert_checkpoint(path, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:
+    """Read an ML-Agents ``.pt`` checkpoint into a canonical :class:`Policy` (nothing is written)."""
+    return policy_from_checkpoint(load_checkpoint(path), obs_sizes=obs_sizes)

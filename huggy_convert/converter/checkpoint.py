@@ -1,0 +1,86 @@
+"""Reading an ML-Agents ``.pt`` checkpoint safely (``weights_only=True``: a pickle never runs code)."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .. import contract as C
+from ..errors import CheckpointError, InputError
+
+
+def sha256_file(path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    sha256: str
+    policy: Dict[str, "object"]  # ML-Agents key -> torch.Tensor (CPU)
+    global_step: Optional[int]
+    top_keys: List[str]
+
+
+def _describe_load_failure(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in text:
+        # torch's message names the global the pickle asked for; keep just that part.
+        detail = text
+        for marker in ("Unsupported global:", "Unsupported operand", "GLOBAL"):
+            i = text.find(marker)
+            if i >= 0:
+                detail = text[i:i + 160].split(". ")[0]
+                break
+        return f"refused to load: the pickle asks for more than tensors ({detail}); a checkpoint must load with weights_only=True"
+    if isinstance(exc, zipfile.BadZipFile) or "zip" in text.lower() or "central directory" in text.lower():
+        return f"not a readable torch checkpoint (damaged or truncated zip: {text[:160]})"
+    if isinstance(exc, EOFError):
+        return "not a readable torch checkpoint (file ends too early: truncated?)"
+    return f"not a readable torch checkpoint ({type(exc).__name__}: {text[:160]})"
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Load ``path`` on the CPU with ``weights_only=True`` and return its ``Policy`` state dict."""
+    import torch  # deferred: only checkpoint reading needs torch here
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file", p)
+    if p.is_dir():
+        raise InputError("is a directory, not a checkpoint file", p)
+    if p.stat().st_size == 0:
+        raise CheckpointError("empty file, not a torch checkpoint", p)
+    digest = sha256_file(p)
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
+        raise CheckpointError(_describe_load_failure(exc), p) from None
+    if isinstance(obj, torch.Tensor):
+        raise CheckpointError("holds a bare tensor, not an ML-Agents checkpoint (a dict with a 'Policy' state dict)", p)
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"holds a {type(obj).__name__}, not an ML-Agents checkpoint dict", p)
+    top = [str(k) for k in obj.keys()]
+    if C.CKPT_POLICY not in obj:
+        shown = ", ".join(top[:6]) + (" ..." if len(top) > 6 else "")
+        raise CheckpointError(f"no '{C.CKPT_POLICY}' state dict: not an ML-Agents checkpoint (top-level keys: {shown or 'none'})", p)
+    policy = obj[C.CKPT_POLICY]
+    if not isinstance(policy, dict) or not all(isinstance(v, torch.Tensor) for v in policy.values()):
+        raise CheckpointError(f"'{C.CKPT_POLICY}' is not a state dict of tensors", p)
+    step = None
+    gs = obj.get(C.CKPT_GLOBAL_STEP)
+    if isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor):
+        t = gs[C.GLOBAL_STEP_KEY]
+        if t.numel() == 1:
+            step = int(t.reshape(-1)[0].item())
+    return Checkpoint(path=p, sha256=digest, policy=dict(policy), global_step=step, top_keys=top)

@@ -1,0 +1,135 @@
+"""The canonical safetensors policy: ``save_policy`` / ``load_policy``, byte-for-byte reproducible.
+
+Layout: every tensor float32 under its canonical name (see ``contract``); metadata (str -> str,
+keys sorted) holds the format, the spec as JSON, the source file's name and sha256, the
+training step, the ML-Agents key of every tensor, the original dtype/shape of tensors that
+were not float32, exact normalizer step counts beyond 2^24, and the tool's versions.
+
+safetensors keeps ``__metadata__`` in a hash map whose order changes from process to process;
+so that the same input gives the same bytes, the header is re-serialised with sorted keys.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+from .. import __version__
+from .. import contract as C
+from ..errors import PolicyFileError
+from .spec import PolicySpec
+
+
+@dataclass
+class Policy:
+    """A policy in canonical form: spec + float32 tensors (+ metadata once written/read)."""
+
+    spec: PolicySpec
+    tensors: Dict[str, np.ndarray]
+    sources: Dict[str, str] = field(default_factory=dict)
+    metadata: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def exact_steps(self) -> Dict[str, int]:
+        return {k: int(v) for k, v in json.loads(self.metadata.get("normalizer_exact_steps", "{}")).items()}
+
+
+def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: str, source_sha256: str,
+                   step: Optional[int], ignored: Dict[str, str], original: Dict[str, dict],
+                   exact_steps: Dict[str, int]) -> Dict[str, str]:
+    import safetensors
+
+    j = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    md = {
+        "format": C.FORMAT_NAME,
+        "format_version": C.FORMAT_VERSION,
+        "spec": spec.to_json(),
+        "source_file": source_name,
+        "source_sha256": source_sha256,
+        "training_step": "" if step is None else str(step),
+        "sources": j(sources),
+        "ignored_keys": j(ignored),
+        "original_dtypes": j(original),
+        "normalizer_exact_steps": j({k: str(v) for k, v in exact_steps.items()}),
+        "versions": j({"huggy_convert": __version__, "safetensors": safetensors.__version__, "numpy": np.__version__}),
+    }
+    return md
+
+
+def policy_bytes(tensors: Dict[str, np.ndarray], metadata: Dict[str, str]) -> bytes:
+    import safetensors.numpy as stnp
+
+    for k, v in tensors.items():
+        if v.dtype != np.float32:
+            raise PolicyFileError(f"tensor '{k}' is {v.dtype}; the canonical file holds float32 only")
+    raw = stnp.save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata)
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    ordered = {"__metadata__": dict(sorted(meta.items()))}
+    ordered.update(header)  # tensor entries keep safetensors' own order (it fixes the data offsets)
+    text = json.dumps(ordered, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write ``data`` under a temporary name in the same folder, fsync, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_policy(path, policy: Policy) -> Path:
+    atomic_write_bytes(path, policy_bytes(policy.tensors, policy.metadata))
+    return Path(path)
+
+
+def load_policy(path) -> Policy:
+    """Read a canonical safetensors policy back into spec + tensors (bitwise round trip)."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    if not p.is_file():
+        raise PolicyFileError("no such file", p)
+    try:
+        with safe_open(str(p), framework="numpy") as f:
+            md = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:
+        raise PolicyFileError(f"not a readable safetensors file ({' '.join(str(exc).split())[:160]})", p) from None
+    if md.get("format") != C.FORMAT_NAME:
+        raise PolicyFileError(f"not a huggy-convert policy (metadata format is {md.get('format')!r})", p)
+    if md.get("format_version") != C.FORMAT_VERSION:
+        raise PolicyFileError(f"policy format version {md.get('format_version')!r}, this tool reads {C.FORMAT_VERSION}", p)
+    try:
+        spec = PolicySpec.from_json(md["spec"])
+        sources = json.loads(md.get("sources", "{}"))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise PolicyFileError(f"damaged metadata ({exc})", p) from None
+    return Policy(spec=spec, tensors=tensors, sources=sources, metadata=md)

@@ -1,0 +1,79 @@
+"""Devices and dtypes for the torch module. torch_npu is imported only when ``npu`` is asked for."""
+from __future__ import annotations
+
+from typing import List
+
+from ..errors import DeviceError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise DeviceError(f"unknown dtype '{name}': choose float32, float16 or bfloat16")
+    return table[name]
+
+
+def _npu_available() -> bool:
+    try:
+        import torch_npu  # noqa: F401  (registers the 'npu' device with torch)
+    except Exception:
+        return False
+    import torch
+
+    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+
+
+def resolve_device(name: str) -> str:
+    """``cpu``, ``cuda[:i]``, ``npu[:i]`` or ``auto`` (npu, then cuda, then cpu) -> a torch device string."""
+    import torch
+
+    base = name.split(":")[0]
+    if name == "auto":
+        if _npu_available():
+            return "npu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if base == "cpu":
+        return name
+    if base == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError("device 'cuda' asked for, but torch sees no CUDA device here")
+        return name
+    if base == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise DeviceError("device 'npu' asked for, but torch_npu is not installed "
+                              "(pip install 'huggy-convert[npu]' with the torch_npu build matching your torch and CANN)") from None
+        if not torch.npu.is_available():
+            raise DeviceError("device 'npu' asked for, but torch_npu sees no Ascend NPU")
+        return name
+    raise DeviceError(f"unknown device '{name}': choose cpu, cuda, npu or auto")
+
+
+def available_devices(include_npu: bool = False) -> List[str]:
+    """Every device index present: cpu always, each CUDA device, and NPUs when asked to look."""
+    import torch
+
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if include_npu and _npu_available():
+        out += [f"npu:{i}" for i in range(torch.npu.device_count())]
+    return out
+
+
+def device_name(dev: str) -> str:
+    import platform
+
+    import torch
+
+    if dev.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(dev))
+    if dev.startswith("npu"):
+        return torch.npu.get_device_name(torch.device(dev))
+    return platform.processor() or platform.machine()

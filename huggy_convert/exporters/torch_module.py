@@ -1,0 +1,246 @@
+"""An NPU-ready ``nn.Module`` built from spec + tensors.
+
+- ``forward(*inputs)`` returns the deterministic outputs of every head (ML-Agents' order:
+  ``deterministic_continuous_actions``, ``deterministic_discrete_actions``, ``recurrent_out``);
+  inputs are ``obs_0..obs_k`` then ``action_masks`` / ``recurrent_in`` when the spec has them.
+- ``sample(*inputs, seed=...)`` draws its noise on the CPU from ``seed`` and moves it to the
+  device, so one seed gives one sample on every device; ``noise=`` injects it directly.
+- ``dtype`` casts the weights only. The normalizer statistics and the normalization math stay
+  float32 (Huggy's running_variance sums pass fp16's 65504 and overflow); the module keeps
+  them float32 even through ``.half()`` / ``.to(dtype)``. The masking and softmax of discrete
+  heads run in float32 too (1e8 is inf in fp16).
+- No data-dependent Python control flow: it runs under ``torch.compile`` and torch.export.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import contract as C
+from ..converter import Policy
+from .devices import resolve_device, torch_dtype
+
+
+def _t(a: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+    return torch.from_numpy(np.array(a, dtype=np.float32, copy=True)).to(dtype)
+
+
+def input_names(spec) -> List[str]:
+    """The module's (and the .pt2 program's) positional inputs, named as in the ONNX."""
+    names = [C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))]
+    if spec.discrete_branches:
+        names.append(C.ACTION_MASKS)
+    if spec.memory_size:
+        names.append(C.RECURRENT_IN)
+    return names
+
+
+def output_names(spec) -> List[str]:
+    """The module's deterministic outputs, in ML-Agents' order."""
+    names = []
+    if spec.continuous_size:
+        names.append(C.OUT_CONT_DET)
+    if spec.discrete_branches:
+        names.append(C.OUT_DISC_DET)
+    if spec.memory_size:
+        names.append(C.RECURRENT_OUT)
+    return names
+
+
+class PolicyModule(nn.Module):
+    def __init__(self, policy: Policy, dtype: torch.dtype = torch.float32,
+                 normalizer_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        spec, T = policy.spec, policy.tensors
+        self.spec = spec
+        self.compute_dtype = dtype
+        self.normalizer_dtype = normalizer_dtype
+        self._pinned: List[str] = []
+        for i in range(len(spec.obs_sizes)):
+            if spec.normalize:
+                for field, short in ((C.NORM_MEAN, "mean"), (C.NORM_VAR, "var"), (C.NORM_STEPS, "steps")):
+                    name = f"norm{i}_{short}"
+                    self.register_buffer(name, _t(T[C.c_norm(i, field)], normalizer_dtype).reshape(-1 if short != "steps" else ()))
+                    self._pinned.append(name)
+        self.body = nn.ModuleList()
+        prev = spec.obs_total
+        for layer in range(spec.num_layers):
+            lin = nn.Linear(prev, spec.hidden_units)
+            lin.weight = nn.Parameter(_t(T[C.c_body(layer, "weight")], dtype), requires_grad=False)
+            lin.bias = nn.Parameter(_t(T[C.c_body(layer, "bias")], dtype), requires_grad=False)
+            self.body.append(lin)
+            prev = spec.hidden_units
+        if spec.memory_size:
+            for p in C.LSTM_PARAMS:
+                self.register_parameter(f"lstm_{p}", nn.Parameter(_t(T[C.c_lstm(p)], dtype), requires_grad=False))
+            prev = spec.memory_size // 2
+        if spec.continuous_size:
+            self.mu = nn.Linear(prev, spec.continuous_size)
+            self.mu.weight = nn.Parameter(_t(T[C.C_MU_W], dtype), requires_grad=False)
+            self.mu.bias = nn.Parameter(_t(T[C.C_MU_B], dtype), requires_grad=False)
+            if spec.conditional_sigma:
+                self.log_sigma = nn.Linear(prev, spec.continuous_size)
+                self.log_sigma.weight = nn.Parameter(_t(T[C.C_LOG_SIGMA_W], dtype), requires_grad=False)
+                self.log_sigma.bias = nn.Parameter(_t(T[C.C_LOG_SIGMA_B], dtype), requires_grad=False)
+            else:
+                self.log_sigma = nn.Parameter(_t(T[C.C_LOG_SIGMA], dtype), requires_grad=False)
+        self.branches = nn.ModuleList()
+        for b, n in enumerate(spec.discrete_branches):
+            lin = nn.Linear(prev, n)
+            lin.weight = nn.Parameter(_t(T[C.c_branch(b, "weight")], dtype), requires_grad=False)
+            lin.bias = nn.Parameter(_t(T[C.c_branch(b, "bias")], dtype), requires_grad=False)
+            self.branches.append(lin)
+
+    # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
+    def _apply(self, fn, recurse=True):
+        saved = {n: self._buffers[n] for n in self._pinned}
+        super()._apply(fn, recurse)
+        for n, old in saved.items():
+            moved = self._buffers[n]
+            self._buffers[n] = old.to(device=moved.device, dtype=self.normalizer_dtype)
+        return self
+
+    @property
+    def input_names(self) -> List[str]:
+        return input_names(self.spec)
+
+    @property
+    def output_names(self) -> List[str]:
+        return output_names(self.spec)
+
+    def _split(self, inputs):
+        k = len(self.spec.obs_sizes)
+        obs = list(inputs[:k])
+        rest = list(inputs[k:])
+        masks = rest.pop(0) if self.spec.discrete_branches else None
+        memories = rest.pop(0) if self.spec.memory_size else None
+        return obs, masks, memories
+
+    def _encode(self, obs, memories):
+        parts = []
+        for i, x in enumerate(obs):
+            x = x.to(self.normalizer_dtype if self.spec.normalize else self.compute_dtype)
+            if self.spec.normalize:
+                mean = getattr(self, f"norm{i}_mean")
+                div = torch.sqrt(getattr(self, f"norm{i}_var") / getattr(self, f"norm{i}_steps"))
+                x = torch.clamp((x - mean) / div, -C.NORM_CLIP, C.NORM_CLIP)
+            parts.append(x.to(self.compute_dtype))
+        h = torch.cat(parts, dim=1)
+        for lin in self.body:
+            h = lin(h)
+            h = h * torch.sigmoid(h)
+        new_mem = None
+        if self.spec.memory_size:
+            hs = self.spec.memory_size // 2
+            m = memories.to(self.compute_dtype)[:, 0, :]
+            h0, c0 = m[:, :hs], m[:, hs:]
+            gates = (h @ self.lstm_weight_ih.t() + self.lstm_bias_ih) + (h0 @ self.lstm_weight_hh.t() + self.lstm_bias_hh)
+            i_g, f_g, g_g, o_g = gates.chunk(4, dim=1)
+            c1 = torch.sigmoid(f_g) * c0 + torch.sigmoid(i_g) * torch.tanh(g_g)
+            h1 = torch.sigmoid(o_g) * torch.tanh(c1)
+            h = h1
+            new_mem = torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32)
+        return h, new_mem
+
+    def _probs(self, h, masks):
+        probs = []
+        start = 0
+        for b, lin in enumerate(self.branches):
+            n = self.spec.discrete_branches[b]
+            mask = masks[:, start:start + n].to(torch.float32)
+            start += n
+            logits = lin(h).to(torch.float32)
+            logits = logits * mask - C.MASK_PENALTY * (1.0 - mask)
+            probs.append(torch.softmax(logits, dim=1))
+        return probs
+
+    def forward(self, *inputs):
+        obs, masks, memories = self._split(inputs)
+        h, new_mem = self._encode(obs, memories)
+        out = []
+        if self.spec.continuous_size:
+            mu = self.mu(h).to(torch.float32)
+            out.append(mu if self.spec.tanh_squash else torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP)
+        if self.spec.discrete_branches:
+            out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, masks)], dim=1))
+        if self.spec.memory_size:
+            out.append(new_mem)
+        return tuple(out)
+
+    def draw_noise(self, batch: int, seed: int):
+        """The noise ``sample`` uses for ``seed``: drawn on the CPU, the same on every device."""
+        g = torch.Generator(device="cpu").manual_seed(int(seed))
+        eps = torch.randn(batch, self.spec.continuous_size, generator=g, dtype=torch.float32)
+        u = torch.rand(batch, len(self.spec.discrete_branches), generator=g, dtype=torch.float32)
+        return eps, u
+
+    def sample(self, *inputs, seed: Optional[int] = None, noise=None, uniform=None):
+        """Stochastic actions: (continuous_actions?, discrete_actions?) in ML-Agents' order."""
+        obs, masks, memories = self._split(inputs)
+        batch = obs[0].shape[0]
+        if noise is None or (uniform is None and self.spec.discrete_branches):
+            if seed is None:
+                raise ValueError("sample() needs a seed (or injected noise)")
+            noise, uniform = self.draw_noise(batch, seed)
+        dev = obs[0].device
+        h, _ = self._encode(obs, memories)
+        out = []
+        if self.spec.continuous_size:
+            mu = self.mu(h).to(torch.float32)
+            if self.spec.conditional_sigma:
+                log_sigma = torch.clamp(self.log_sigma(h).to(torch.float32), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+            else:
+                log_sigma = mu * 0 + self.log_sigma.to(torch.float32)
+            s = mu + noise.to(dev) * torch.exp(log_sigma)
+            out.append(torch.tanh(s) if self.spec.tanh_squash else torch.clamp(s, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP)
+        if self.spec.discrete_branches:
+            u = uniform.to(dev)
+            picks = []
+            for b, p in enumerate(self._probs(h, masks)):
+                cdf = torch.cumsum(p, dim=1)
+                idx = (cdf < u[:, b:b + 1]).sum(dim=1, keepdim=True)
+                picks.append(torch.clamp(idx, max=p.shape[1] - 1))
+            out.append(torch.cat(picks, dim=1))
+        return tuple(out)
+
+
+def build_module(policy: Policy, device: str = "cpu", dtype: str = "float32",
+                 normalizer_dtype: str = "float32") -> PolicyModule:
+    """The module on ``device`` (cpu, cuda, npu, auto) with weights in ``dtype``.
+
+    ``normalizer_dtype`` other than float32 exists only to demonstrate (and test) the failure
+    it causes; never use it for deployment."""
+    dev = resolve_device(device)
+    m = PolicyModule(policy, torch_dtype(dtype), torch_dtype(normalizer_dtype))
+    return m.to(dev).eval()
+
+
+def example_inputs(spec, batch: int = 2, device: str = "cpu"):
+    xs = [torch.zeros(batch, n, device=device) for n in spec.obs_sizes]
+    if spec.discrete_branches:
+        xs.append(torch.ones(batch, sum(spec.discrete_branches), device=device))
+    if spec.memory_size:
+        xs.append(torch.zeros(batch, 1, spec.memory_size, device=device))
+    return tuple(xs)
+
+
+def export_program(module: PolicyModule):
+    """torch.export the module's forward with a dynamic batch dimension."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    ins = example_inputs(module.spec, 2, next(module.parameters()).device)
+    shapes = tuple({0: batch} for _ in ins)
+    with torch.no_grad():
+        return torch.export.export(module, ins, dynamic_shapes=(shapes,))
+
+
+def save_program(ep, path) -> None:
+    import io
+
+    from ..converter import atomic_write_bytes
+
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    atomic_write_bytes(path, buf.getvalue())

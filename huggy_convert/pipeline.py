@@ -1,0 +1,200 @@
+"""One checkpoint through every stage: convert -> export -> verify, writing ``OUT/<stem>.*``.
+
+Artifacts are built in memory first and each one is written under a temporary name and
+renamed, so a bad input leaves nothing in OUT and a kill never leaves a half file.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import onnx
+
+from . import contract as C
+from .converter import Checkpoint, Conversion, atomic_write_bytes, load_checkpoint, policy_bytes, policy_from_checkpoint
+from .errors import InputError
+from .exporters.onnx_export import build_onnx, model_bytes
+
+SUFFIX_POLICY = ".safetensors"
+SUFFIX_ONNX = ".onnx"
+SUFFIX_PROGRAM = ".pt2"
+SUFFIX_REPORT = ".verify.json"
+SUFFIX_GOLDEN = ".golden.npz"
+
+
+@dataclass
+class ConvertOptions:
+    opset: int = C.ONNX_OPSET_DEFAULT
+    obs_sizes: Optional[Sequence[int]] = None
+    reference: Optional[Path] = None  # official ONNX; default: <stem>.onnx beside the checkpoint
+    verify: bool = True
+    program: bool = True  # write <stem>.pt2
+    verify_options: Optional[object] = None
+
+
+@dataclass
+class ConvertResult:
+    source: Path
+    out_dir: Path
+    stem: str
+    conversion: Conversion
+    artifacts: Dict[str, Dict[str, str]] = field(default_factory=dict)  # kind -> {path, sha256}
+    report: Optional[object] = None
+    reference: Optional[Path] = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.report is None or self.report.ok
+
+    def summary(self) -> Dict[str, object]:
+        spec = self.conversion.policy.spec
+        d: Dict[str, object] = {
+            "source": str(self.source), "source_sha256": self.conversion.checkpoint.sha256,
+            "training_step": self.conversion.checkpoint.global_step, "out": str(self.out_dir), "stem": self.stem,
+            "spec": {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
+                     "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
+                     "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
+                     "memory_size": spec.memory_size, "parameters": spec.parameter_count()},
+            "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
+            "seconds": round(self.seconds, 3),
+        }
+        if self.report is not None:
+            d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
+                           "first_failure": self.report.first_failure()}
+        return d
+
+
+def default_reference(ckpt_path: Path) -> Optional[Path]:
+    """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside checkpoint.pt)."""
+    p = ckpt_path.with_suffix(".onnx")
+    return p if p.is_file() else None
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def load_reference(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise InputError("reference ONNX not found", path)
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:
+        raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
+
+
+def program_bytes(policy, cache: Optional[dict] = None) -> bytes:
+    """torch.export program bytes; ``cache`` (spec -> ExportedProgram) lets a batch trace once per
+    architecture and only swap the weights."""
+    import io
+
+    import torch
+
+    from .exporters.torch_module import build_module, export_program
+
+    module = build_module(policy, "cpu", "float32")
+    ep = cache.get(policy.spec) if cache is not None else None
+    if ep is None:
+        ep = export_program(module)
+        if cache is not None:
+            cache[policy.spec] = ep
+    else:
+        sd = module.state_dict()
+        with torch.no_grad():
+            for k, v in ep.state_dict.items():
+                v.copy_(sd[k])
+            for k, v in ep.constants.items():
+                if k in sd and isinstance(v, torch.Tensor):
+                    v.copy_(sd[k])
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, checkpoint: Optional[Checkpoint] = None,
+                program_cache: Optional[dict] = None, stem: Optional[str] = None) -> ConvertResult:
+    """Convert one checkpoint into ``out_dir`` and (unless disabled) verify the artifacts."""
+    from .verify import VerifyOptions, verify, write_report
+
+    t0 = time.perf_counter()
+    o = options or ConvertOptions()
+    src = Path(source)
+    ckpt = checkpoint or load_checkpoint(src)
+    conv = policy_from_checkpoint(ckpt, obs_sizes=o.obs_sizes)
+    stem = stem or src.stem
+    out = Path(out_dir)
+    reference = Path(o.reference) if o.reference else default_reference(src)
+    official = load_reference(reference) if reference else None
+    if official is not None and o.obs_sizes is None and not conv.policy.spec.normalize:
+        # normalize:false keeps no per-observation tensors: take the split from the official inputs
+        sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in official.graph.input
+                 if d.name.startswith("obs_")]
+        if len(sizes) > 1 and sum(sizes) == conv.policy.spec.obs_total:
+            conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
+
+    # build everything in memory, then write
+    blobs = {"safetensors": (SUFFIX_POLICY, policy_bytes(conv.policy.tensors, conv.policy.metadata))}
+    model = build_onnx(conv.policy, opset=o.opset)
+    blobs["onnx"] = (SUFFIX_ONNX, model_bytes(model))
+    if o.program:
+        blobs["pt2"] = (SUFFIX_PROGRAM, program_bytes(conv.policy, program_cache))
+    res = ConvertResult(source=src, out_dir=out, stem=stem, conversion=conv, reference=reference)
+    for kind, (suffix, data) in blobs.items():
+        path = out / f"{stem}{suffix}"
+        atomic_write_bytes(path, data)
+        res.artifacts[kind] = {"path": str(path), "sha256": _sha(data)}
+
+    if o.verify:
+        vo = o.verify_options or VerifyOptions()
+        rep = verify(conv.policy, model, subject=f"{stem} ({src.name})", checkpoint=ckpt,
+                     policy_file_name=f"{stem}{SUFFIX_POLICY}", official=official, official_path=reference,
+                     pt2_path=out / f"{stem}{SUFFIX_PROGRAM}" if o.program else None, options=vo,
+                     write_golden=out / f"{stem}{SUFFIX_GOLDEN}")
+        if official is None:
+            rep.notes.insert(0, f"no official ONNX found beside {src.name} ({src.with_suffix('.onnx').name}); "
+                                "use --reference to name one")
+        write_report(rep, out / f"{stem}{SUFFIX_REPORT}")
+        res.report = rep
+        for kind, suffix in (("report", SUFFIX_REPORT), ("golden", SUFFIX_GOLDEN)):
+            p = out / f"{stem}{suffix}"
+            res.artifacts[kind] = {"path": str(p), "sha256": _sha(p.read_bytes())}
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
+    """Re-verify the artifacts already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
+    from .converter import load_policy
+    from .verify import verify, write_report
+
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise InputError("no such directory", out)
+    stems = [stem] if stem else sorted(p.name[:-len(SUFFIX_POLICY)] for p in out.glob(f"*{SUFFIX_POLICY}"))
+    if not stems:
+        raise InputError(f"no {SUFFIX_POLICY} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
+    official = load_reference(Path(reference)) if reference else None
+    ckpt = load_checkpoint(checkpoint) if checkpoint else None
+    reports = []
+    for s in stems:
+        policy = load_policy(out / f"{s}{SUFFIX_POLICY}")
+        onnx_path = out / f"{s}{SUFFIX_ONNX}"
+        if not onnx_path.is_file():
+            raise InputError(f"missing {onnx_path.name} beside {s}{SUFFIX_POLICY}", out)
+        try:
+            rebuilt = onnx.load(str(onnx_path))
+        except Exception as exc:
+            raise InputError(f"not a readable ONNX model ({type(exc).__name__})", onnx_path) from None
+        if ckpt is not None and ckpt.sha256 != policy.metadata.get("source_sha256"):
+            raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of {s}{SUFFIX_POLICY} "
+                             f"({policy.metadata.get('source_sha256', '')[:12]}…)", ckpt.path)
+        rep = verify(policy, rebuilt, subject=f"{s} ({out})", checkpoint=ckpt, policy_file_name=f"{s}{SUFFIX_POLICY}",
+                     official=official, official_path=Path(reference) if reference else None,
+                     golden_path=out / f"{s}{SUFFIX_GOLDEN}", pt2_path=out / f"{s}{SUFFIX_PROGRAM}", options=options)
+        write_report(rep, out / f"{s}{SUFFIX_REPORT}")
+        reports.append(rep)
+    return reports

@@ -1,0 +1,283 @@
+"""Run the checks over a set of artifacts and build the report (plus the golden I/O file)."""
+from __future__ import annotations
+
+import io
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import onnx
+
+from .. import __version__
+from .. import contract as C
+from ..converter import Checkpoint, Policy, atomic_write_bytes
+from ..exporters.devices import available_devices, device_name
+from ..exporters.onnx_export import model_bytes, with_noise_input
+from . import checks as K
+from .probes import make_noise, make_probes
+from .report import FAIL, PASS, SKIP, WARN, Check, Report
+from .runtime import INTRA_OP_THREADS, ort_run, ort_session
+
+GOLDEN_IN, GOLDEN_OUT, GOLDEN_NOISE, GOLDEN_NOISED = "in.", "out.", "noise", "noised." + C.OUT_CONT
+
+
+@dataclass
+class VerifyOptions:
+    rows: int = 64
+    seed: int = 0
+    devices: Optional[Sequence[str]] = None  # None: every device present
+    dtypes: Sequence[str] = ("float32", "float16", "bfloat16")
+    atol: Dict[str, float] = field(default_factory=dict)
+    cosine: Dict[str, float] = field(default_factory=dict)
+    fingerprint_steps: Sequence[int] = (64, 128)
+    include_npu: bool = False
+
+
+def environment(devices: Sequence[str]) -> Dict[str, object]:
+    import onnxruntime
+    import safetensors
+    import torch
+
+    return {
+        "huggy_convert": __version__, "python": platform.python_version(), "platform": platform.platform(),
+        "torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__, "safetensors": safetensors.__version__,
+        "execution_provider": "CPUExecutionProvider", "ort_intra_op_threads": INTRA_OP_THREADS,
+        "ort_inter_op_threads": 1, "torch_threads": torch.get_num_threads(),
+        "devices": {d: device_name(d) for d in devices},
+    }
+
+
+def module_runner(module) -> Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]:
+    import torch
+
+    dev = next(module.parameters()).device
+
+    def run(feed):
+        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])).to(dev) for n in module.input_names]
+        with torch.no_grad():
+            out = module(*xs)
+        return {n: o.detach().float().cpu().numpy() if o.dtype.is_floating_point else o.cpu().numpy()
+                for n, o in zip(module.output_names, out)}
+
+    return run
+
+
+def program_runner(path, input_names, output_names):
+    """Load a saved ``.pt2`` with plain torch.export and run its module on the CPU."""
+    import torch
+
+    ep = torch.export.load(str(path))
+    mod = ep.module()
+    buffers = {k: str(v.dtype).replace("torch.", "") for k, v in ep.state_dict.items() if k.startswith("norm")}
+    buffers.update({k: str(v.dtype).replace("torch.", "") for k, v in ep.constants.items() if str(k).startswith("norm")})
+
+    def run(feed):
+        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in input_names]
+        with torch.no_grad():
+            out = mod(*xs)
+        return {n: o.detach().float().numpy() if o.dtype.is_floating_point else o.numpy()
+                for n, o in zip(output_names, out)}
+
+    return run, buffers
+
+
+def load_golden(path) -> Dict[str, Dict[str, np.ndarray]]:
+    with np.load(path) as z:
+        d = {k: z[k] for k in z.files}
+    return {
+        "inputs": {k[len(GOLDEN_IN):]: v for k, v in d.items() if k.startswith(GOLDEN_IN)},
+        "outputs": {k[len(GOLDEN_OUT):]: v for k, v in d.items() if k.startswith(GOLDEN_OUT)},
+        "noise": {"probes": d[GOLDEN_NOISE]} if GOLDEN_NOISE in d else {},
+        "noised": {"probes": d[GOLDEN_NOISED]} if GOLDEN_NOISED in d else {},
+    }
+
+
+def golden_bytes(feed, outputs, noise=None, noised=None) -> bytes:
+    arrays = {GOLDEN_IN + k: v for k, v in sorted(feed.items())}
+    arrays.update({GOLDEN_OUT + k: v for k, v in sorted(outputs.items()) if k not in K.STOCHASTIC_OUTPUTS})
+    if noise is not None:
+        arrays[GOLDEN_NOISE] = noise
+        arrays[GOLDEN_NOISED] = noised
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _ml_agents_golden(official_path: Optional[Path]) -> Optional[Dict[str, np.ndarray]]:
+    """Golden inputs written beside an official ONNX (``<stem>.golden.npz``: inputs under their names)."""
+    if official_path is None:
+        return None
+    p = official_path.with_suffix(".golden.npz")
+    if not p.is_file():
+        return None
+    with np.load(p) as z:
+        return {k: z[k] for k in z.files}
+
+
+def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint: Optional[Checkpoint] = None,
+           policy_file_name: str = "", official: Optional[onnx.ModelProto] = None,
+           official_path: Optional[Path] = None, golden_path: Optional[Path] = None,
+           pt2_path: Optional[Path] = None, options: Optional[VerifyOptions] = None,
+           write_golden: Optional[Path] = None, extra_modules: Sequence = ()) -> Report:
+    """All five checks. ``extra_modules``: (title, module) pairs verified like the built ones."""
+    import torch
+
+    from ..exporters.torch_module import build_module
+
+    o = options or VerifyOptions()
+    devices = list(o.devices) if o.devices else available_devices(o.include_npu)
+    rep = Report(subject=subject, environment=environment(devices))
+    spec = policy.spec
+
+    # 1
+    rep.checks.append(K.check_safetensors(policy, checkpoint, policy_file_name))
+
+    # reference for 2/3/4
+    ours_sess = ort_session(model_bytes(rebuilt))
+    rebuilt_opset = {x.domain or "": x.version for x in rebuilt.opset_import}[""]
+    ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
+    run_ours = lambda feed: ort_run(ours_sess, feed)  # noqa: E731
+    run_ours_noise = (lambda feed: ort_run(ours_noise, feed)) if ours_noise else None  # noqa: E731
+    probes = make_probes(policy, o.rows, o.seed)
+    noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
+    feeds = {"probes": probes}
+    noises = {"probes": noise} if noise is not None else {}
+    ref_name, run_ref, run_ref_noise = None, None, None
+    golden = load_golden(golden_path) if golden_path and Path(golden_path).is_file() else None
+
+    if official is not None:
+        ref_name = f"official {official_path.name if official_path else 'ONNX'}"
+        rep.checks.append(K.check_onnx_structure(rebuilt, official, subject, ref_name))
+        try:
+            off_sess = ort_session(official.SerializeToString())
+            off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
+            run_ref = lambda name, feed: ort_run(off_sess, feed)  # noqa: E731
+            run_ref_noise = (lambda name, feed: ort_run(off_noise, feed)) if off_noise else None  # noqa: E731
+        except Exception as exc:
+            rep.checks.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {exc}"))
+        mlg = _ml_agents_golden(official_path)
+        if mlg is not None:
+            names = [i.name for i in off_sess.get_inputs()]
+            if all(n in mlg for n in names):
+                feeds["golden (ML-Agents)"] = {n: mlg[n] for n in names}
+                if noise is not None:
+                    rows = mlg[names[0]].shape[0]
+                    noises["golden (ML-Agents)"] = make_noise(policy, rows, o.seed + 1)
+    elif golden is not None:
+        ref_name = f"golden outputs ({Path(golden_path).name})"
+        rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion")
+        feeds = {"golden": golden["inputs"]}
+        noises = {"golden": golden["noise"]["probes"]} if golden["noise"] else {}
+        run_ref = lambda name, feed: golden["outputs"]  # noqa: E731
+        if golden["noised"]:
+            run_ref_noise = lambda name, feed: {C.OUT_CONT: golden["noised"]["probes"]}  # noqa: E731
+        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
+    else:
+        rep.notes.append("no official ONNX found: verified what can be verified without one")
+        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
+
+    # 3
+    if run_ref is not None and not any(c.title.startswith("3 ") for c in rep.checks):
+        rep.checks.append(K.check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds, noises, policy, ref_name))
+    elif run_ref is None and not any(c.title.startswith("3 ") for c in rep.checks):
+        rep.checks.append(Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)"))
+        run_ref = lambda name, feed: run_ours(feed)  # noqa: E731 - the rebuilt ONNX is the reference for 4
+        run_ref_noise = (lambda name, feed: run_ours_noise(feed)) if run_ours_noise else None  # noqa: E731
+        ref_name = "rebuilt ONNX"
+
+    # reference outputs on the main feed
+    main_feed_name = next(iter(feeds))
+    main_feed = feeds[main_feed_name]
+    ref_out = {k: v for k, v in run_ref(main_feed_name, main_feed).items() if k in
+               (C.OUT_CONT_DET, C.OUT_DISC_DET, C.RECURRENT_OUT)}
+    ref_noised = None
+    if run_ref_noise is not None and main_feed_name in noises:
+        ref_noised = run_ref_noise(main_feed_name, dict(main_feed, **{C.NOISE_INPUT: noises[main_feed_name]}))[C.OUT_CONT]
+
+    # 4
+    c4 = Check(f"4 torch module vs {ref_name} (onnxruntime)")
+    for dev in devices:
+        for dt in o.dtypes:
+            try:
+                mod = build_module(policy, device=dev, dtype=dt)
+            except Exception as exc:
+                c4.add(Check(f"{dev} {dt}", FAIL, f"could not build: {exc}"))
+                continue
+            norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
+            runner = module_runner(mod)
+            zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
+            sub = K.check_module_outputs(f"{dev} {dt}", runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero)
+            if dt == "float32" and ref_noised is not None:
+                with torch.no_grad():
+                    xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
+                    got = mod.sample(*xs, noise=torch.from_numpy(noises[main_feed_name]))[0].cpu().numpy()
+                s = K.array_stats(ref_noised, got)
+                tol = K.DEFAULT_TOLERANCES["float32"]
+                sub.add(Check(f"{C.OUT_CONT} (injected noise)", PASS if tol.passes(s) else FAIL, K._fmt(s), figures=s))
+            c4.add(sub)
+    for title, mod in extra_modules:
+        norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
+        dt = str(next(mod.parameters()).dtype).replace("torch.", "")
+        runner = module_runner(mod)
+        zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
+        c4.add(K.check_module_outputs(title, runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero))
+    if pt2_path is not None and Path(pt2_path).is_file():
+        from ..exporters.torch_module import input_names, output_names
+
+        try:
+            prun, pbuf = program_runner(pt2_path, input_names(spec), output_names(spec))
+            dt = "float32"
+            if any(v == "float16" for v in pbuf.values()):
+                dt = "float16"
+            zero = lambda r=prun: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
+            c4.add(K.check_module_outputs(f"saved program {Path(pt2_path).name} (cpu)", prun, ref_out, main_feed, dt,
+                                          o.atol, o.cosine, pbuf, zero))
+        except Exception as exc:
+            c4.add(Check(f"saved program {Path(pt2_path).name}", FAIL,
+                         f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
+    nfail = sum(1 for ch in c4.children if ch.status == FAIL)
+    c4.summary = f"{len(c4.children) - nfail}/{len(c4.children)} device/dtype runs within tolerance"
+    rep.checks.append(c4)
+
+    # 5
+    c5 = Check("5 determinism fingerprints")
+    cpu32 = module_runner(build_module(policy, "cpu", "float32"))
+    fps = {}
+    for steps in o.fingerprint_steps:
+        a = K.fingerprint(cpu32, policy, steps, o.seed)
+        b = K.fingerprint(cpu32, policy, steps, o.seed)
+        ra = K.fingerprint(run_ours, policy, steps, o.seed)
+        rb = K.fingerprint(run_ours, policy, steps, o.seed)
+        fps[steps] = {"torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
+        ok = a == b and ra == rb
+        c5.add(Check(f"{steps} steps", PASS if ok else FAIL,
+                     f"torch cpu {a[:16]}… ({'stable' if a == b else 'CHANGED between runs'}), "
+                     f"onnxruntime {ra[:16]}… ({'stable' if ra == rb else 'CHANGED between runs'})"))
+        for dev in devices:
+            if dev == "cpu":
+                continue
+            d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed)
+            fps[steps][f"torch_{dev}_float32"] = d
+            c5.add(Check(f"{steps} steps on {dev}", PASS if d == a else WARN,
+                         f"{d[:16]}… " + ("equal to cpu" if d == a else "differs from cpu (device arithmetic differs; "
+                                                                           "not a failure)")))
+    c5.figures = {"fingerprints": fps}
+    c5.summary = ", ".join(f"{s}: {v['torch_cpu_float32'][:12]}" for s, v in fps.items())
+    rep.checks.append(c5)
+
+    if write_golden is not None:
+        full_ref = run_ref(main_feed_name, main_feed) if official is not None else run_ours(main_feed)
+        atomic_write_bytes(write_golden, golden_bytes(main_feed, full_ref, noises.get(main_feed_name), ref_noised))
+    return rep
+
+
+def write_report(rep: Report, path) -> None:
+    atomic_write_bytes(path, (rep.to_json() + "\n").encode())
+
+
+def read_report(path) -> Dict:
+    return json.loads(Path(path).read_text())

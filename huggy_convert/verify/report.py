@@ -1,0 +1,111 @@
+"""The verification report: a tree of checks with figures, printable and JSON-serialisable."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
+_MARK = {PASS: "✓", FAIL: "✗", SKIP: "-", WARN: "!"}
+
+
+@dataclass
+class Check:
+    """One ✓/✗ line. ``children`` are its sub-lines; a parent fails if any child fails."""
+
+    title: str
+    status: str = PASS
+    summary: str = ""
+    figures: Dict[str, Any] = field(default_factory=dict)
+    children: List["Check"] = field(default_factory=list)
+
+    def add(self, child: "Check") -> "Check":
+        self.children.append(child)
+        if child.status == FAIL:
+            self.status = FAIL
+        elif child.status == WARN and self.status == PASS:
+            self.status = WARN
+        return child
+
+    def failures(self) -> List["Check"]:
+        out = [self] if self.status == FAIL and not any(c.status == FAIL for c in self.children) else []
+        for c in self.children:
+            out += c.failures()
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {"title": self.title, "status": self.status, "summary": self.summary}
+        if self.figures:
+            d["figures"] = _clean(self.figures)
+        if self.children:
+            d["checks"] = [c.to_dict() for c in self.children]
+        return d
+
+
+def _clean(o):
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
+        try:
+            return _clean(o.item())
+        except (ValueError, AttributeError):
+            return str(o)
+    return o
+
+
+@dataclass
+class Report:
+    subject: str
+    checks: List[Check] = field(default_factory=list)
+    environment: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            return "FAIL"
+        return "PASS (with warnings)" if any(c.status == WARN for c in self.checks) else "PASS"
+
+    def failures(self) -> List[Check]:
+        out: List[Check] = []
+        for c in self.checks:
+            out += c.failures()
+        return out
+
+    def first_failure(self) -> Optional[str]:
+        f = self.failures()
+        return f"{f[0].title}: {f[0].summary}" if f else None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"subject": self.subject, "verdict": self.verdict, "ok": self.ok, "notes": self.notes,
+                "checks": [c.to_dict() for c in self.checks], "environment": _clean(self.environment)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def render(self) -> str:
+        lines = [f"verify {self.subject}"]
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+
+        def walk(c: Check, prefix: str, last: bool):
+            branch = "└─ " if last else "├─ "
+            text = f"{_MARK[c.status]} {c.title}" + (f": {c.summary}" if c.summary else "")
+            lines.append(prefix + branch + text)
+            ext = prefix + ("   " if last else "│  ")
+            for i, ch in enumerate(c.children):
+                walk(ch, ext, i == len(c.children) - 1)
+
+        for i, c in enumerate(self.checks):
+            walk(c, "", i == len(self.checks) - 1)
+        lines.append(f"verdict: {self.verdict}")
+        return "\n".join(lines)

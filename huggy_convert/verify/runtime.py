@@ -1,0 +1,26 @@
+"""onnxruntime sessions, the reference runtime (CPU execution provider, fixed thread counts)."""
+from __future__ import annotations
+
+from typing import Dict, Union
+
+import numpy as np
+
+INTRA_OP_THREADS = 1
+
+
+def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THREADS):
+    import onnxruntime as ort
+
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+
+
+def ort_run(session, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    names = [i.name for i in session.get_inputs()]
+    outs = session.run(None, {k: feed[k] for k in names})
+    return dict(zip([o.name for o in session.get_outputs()], outs))

@@ -1,0 +1,47 @@
+"""Shared test fixtures: the committed files that ML-Agents' own code wrote (fixtures/)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+HUGGY_RUN = FIXTURES / "huggy"
+VARIANTS = FIXTURES / "variants"
+
+
+def step_checkpoints(run_dir: Path):
+    """The ``<Behavior>-<step>.pt`` files of a run directory, oldest first."""
+    files = [p for p in run_dir.glob("*/*-*.pt")]
+    return sorted(files, key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+
+
+def variant_names():
+    return sorted(p.name for p in VARIANTS.iterdir() if p.is_dir()) if VARIANTS.is_dir() else []
+
+
+@pytest.fixture(scope="session")
+def huggy_ckpt() -> Path:
+    """The newest Huggy-spec step checkpoint (its official ONNX lies beside it)."""
+    return step_checkpoints(HUGGY_RUN)[-1]
+
+
+@pytest.fixture(scope="session")
+def huggy_ckpts():
+    return step_checkpoints(HUGGY_RUN)
+
+
+def variant_ckpt(name: str) -> Path:
+    return step_checkpoints(VARIANTS / name)[-1]
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600):
+    """Run the real console entry point in a subprocess; returns CompletedProcess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "huggy_convert.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=e, timeout=timeout)
