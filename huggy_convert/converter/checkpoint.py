@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ def _describe_load_failure(exc: BaseException) -> str:
         for marker in ("Unsupported global:", "Unsupported operand", "GLOBAL"):
             i = text.find(marker)
             if i >= 0:
-                detail = text[i:i + 160].split(". ")[0]
+                detail = text[i:].split(" Check the documentation")[0].split(". ")[0][:120]
                 break
         return f"refused to load: the pickle asks for more than tensors ({detail}); a checkpoint must load with weights_only=True"
     if isinstance(exc, zipfile.BadZipFile) or "zip" in text.lower() or "central directory" in text.lower():
@@ -61,9 +62,16 @@ def load_checkpoint(path) -> Checkpoint:
         raise InputError("is a directory, not a checkpoint file", p)
     if p.stat().st_size == 0:
         raise CheckpointError("empty file, not a torch checkpoint", p)
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
+        raise CheckpointError(f"not a readable torch checkpoint (neither a zip archive nor a pickle; "
+                              f"starts with bytes {head.hex(' ')})", p)
     digest = sha256_file(p)
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own warnings would break the one-line error
+            warnings.simplefilter("ignore")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
         raise CheckpointError(_describe_load_failure(exc), p) from None
     if isinstance(obj, torch.Tensor):

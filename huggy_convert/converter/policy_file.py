@@ -68,7 +68,7 @@ def policy_bytes(tensors: Dict[str, np.ndarray], metadata: Dict[str, str]) -> by
     for k, v in tensors.items():
         if v.dtype != np.float32:
             raise PolicyFileError(f"tensor '{k}' is {v.dtype}; the canonical file holds float32 only")
-    raw = stnp.save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata)
+    raw = stnp.save({k: (v if v.flags.c_contiguous else v.copy(order="C")) for k, v in tensors.items()}, metadata=metadata)
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     meta = header.pop("__metadata__", {})

@@ -181,10 +181,12 @@ class PolicyModule(nn.Module):
         """Stochastic actions: (continuous_actions?, discrete_actions?) in ML-Agents' order."""
         obs, masks, memories = self._split(inputs)
         batch = obs[0].shape[0]
-        if noise is None or (uniform is None and self.spec.discrete_branches):
-            if seed is None:
-                raise ValueError("sample() needs a seed (or injected noise)")
-            noise, uniform = self.draw_noise(batch, seed)
+        if seed is not None:
+            eps, u = self.draw_noise(batch, seed)
+            noise = eps if noise is None else noise
+            uniform = u if uniform is None else uniform
+        if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
+            raise ValueError("sample() needs a seed, or injected noise for every head")
         dev = obs[0].device
         h, _ = self._encode(obs, memories)
         out = []

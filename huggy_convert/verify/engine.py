@@ -214,7 +214,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
             if dt == "float32" and ref_noised is not None:
                 with torch.no_grad():
                     xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
-                    got = mod.sample(*xs, noise=torch.from_numpy(noises[main_feed_name]))[0].cpu().numpy()
+                    got = mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noises[main_feed_name]))[0].cpu().numpy()
                 s = K.array_stats(ref_noised, got)
                 tol = K.DEFAULT_TOLERANCES["float32"]
                 sub.add(Check(f"{C.OUT_CONT} (injected noise)", PASS if tol.passes(s) else FAIL, K._fmt(s), figures=s))

@@ -14,7 +14,9 @@ def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.n
 
     Half the rows sit at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter are far
     outside the +-5 clip (mean +- 20..1e3 std, and +-1e4); the rest are N(0, 3) and zeros. Pushing
-    the body with clipped inputs drives some actions into the +-3 clip as well.
+    the body with clipped inputs drives some actions into the +-3 clip as well. Without a
+    normalizer (std taken as 3) the outliers stay at 2..10 std and +-100: unnormalized inputs of
+    1e4 make float32 sums whose rounding differs between runtimes by more than any useful bound.
     """
     spec, T = policy.spec, policy.tensors
     rng = np.random.default_rng(seed)
@@ -29,9 +31,14 @@ def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.n
         x = np.empty((rows, n), dtype=np.float64)
         half = rows // 2
         x[:half] = mean + rng.standard_normal((half, n)) * std
-        far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(20, 1e3, size=(q, n))
+        if spec.normalize:  # far outside the normalizer's +-5 clip
+            far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(20, 1e3, size=(q, n))
+            hard = 1e4
+        else:  # no clip to reach: large but plausible magnitudes that still saturate the +-3 action clip
+            far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(2, 10, size=(q, n))
+            hard = 100.0
         x[half:half + q] = mean + far * std
-        x[half + q - 1] = np.where(rng.random(n) < 0.5, -1e4, 1e4)  # hard outliers
+        x[half + q - 1] = np.where(rng.random(n) < 0.5, -hard, hard)  # hard outliers
         rest = rows - half - q
         if rest > 0:
             x[half + q:] = rng.standard_normal((rest, n)) * 3.0

@@ -1,0 +1,122 @@
+"""What every mode returns: figures (reproducible), timings (not), text lines and a verdict."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+from ..verify.compare import DEFAULT_TOLERANCES, array_stats
+from .sources import to_jsonable
+
+PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
+
+
+@dataclass
+class ModeResult:
+    """``data``: the figures (seeded inputs: the same on every run); ``timings``: latencies, load
+    times and memory (they change run to run); ``ok``: False makes the command exit 1."""
+
+    mode: str
+    data: Dict[str, Any] = field(default_factory=dict)
+    lines: List[str] = field(default_factory=list)
+    ok: bool = True
+    timings: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {"mode": self.mode, "ok": self.ok}
+        d.update(self.data)
+        if self.timings:
+            d["timings"] = self.timings
+        return to_jsonable(d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def render(self) -> str:
+        return "\n".join(self.lines)
+
+
+def g(x, digits: int = 6) -> str:
+    """A float as text, the same on every run."""
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    x = float(x)
+    if not np.isfinite(x):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def stats_line(s: Dict[str, Any]) -> str:
+    if "shape_mismatch" in s:
+        return f"shape {s['shape_mismatch'][1]} != expected {s['shape_mismatch'][0]}"
+    if s.get("mismatches") is not None:
+        return f"{s['bitwise_equal']}/{s['count']} equal"
+    return (f"max_abs={g(s['max_abs'], 3)} cos={s['cosine']:.9f} max_ulp={s['max_ulp']} "
+            f"bitwise={s['bitwise_equal']}/{s['count']}")
+
+
+def compact_stats(s: Dict[str, Any]) -> Dict[str, Any]:
+    keep = ("count", "bitwise_equal", "max_abs", "max_rel", "max_ulp", "mean_abs", "cosine", "mismatches",
+            "shape_mismatch", "non_finite")
+    return {k: s[k] for k in keep if k in s}
+
+
+def is_bitwise(s: Dict[str, Any]) -> bool:
+    return "shape_mismatch" not in s and s.get("bitwise_equal") == s.get("count")
+
+
+def within(s: Dict[str, Any], atol: float, cosine: float = -1.0) -> bool:
+    if "shape_mismatch" in s:
+        return False
+    if s.get("mismatches") is not None:
+        return s["mismatches"] == 0
+    return s["max_abs"] <= atol and s["cosine"] >= cosine
+
+
+def compare_outputs(ref: Dict[str, np.ndarray], got: Dict[str, np.ndarray], names: Sequence[str]) -> Dict[str, Dict]:
+    out = {}
+    for n in names:
+        if n in ref and n in got:
+            out[n] = array_stats(ref[n], got[n])
+    return out
+
+
+def tolerance(dtype: str):
+    return DEFAULT_TOLERANCES[dtype]
+
+
+def percentiles(samples_s: Sequence[float]) -> Dict[str, float]:
+    a = np.asarray(samples_s, dtype=np.float64) * 1e3
+    return {"mean_ms": float(a.mean()), "p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)),
+            "p99_ms": float(np.percentile(a, 99)), "min_ms": float(a.min()), "max_ms": float(a.max()),
+            "iters": int(a.size)}
+
+
+def time_calls(fn, warmup: int, iters: int) -> List[float]:
+    for _ in range(max(warmup, 0)):
+        fn()
+    out = []
+    for _ in range(max(iters, 1)):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def rss_bytes() -> int:
+    """Current resident set size (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+        import sys
+
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return r if sys.platform == "darwin" else r * 1024

@@ -1,0 +1,157 @@
+"""``info``: spec, parameter counts, normalizer summary, checkpoint inventory, environment."""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import __version__
+from .. import contract as C
+from .common import ModeResult, g
+from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, ort_providers, run_inventory
+
+# A dimension whose per-step variance (running_variance / steps) is below this is "constant":
+# the normalizer divides by sqrt of it (< 0.01), so any change in it hits the +-5 clip at once.
+CONSTANT_VAR = 1e-4
+
+
+def environment() -> Dict[str, object]:
+    import onnx
+    import onnxruntime
+    import torch
+
+    from ..exporters.devices import device_name
+
+    devs = devices_present()
+    return {"huggy_convert": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "devices": {d: device_name(d) for d in devs}, "onnxruntime_providers": ort_providers()}
+
+
+def spec_dict(spec) -> Dict[str, object]:
+    return {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
+            "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
+            "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
+            "memory_size": spec.memory_size}
+
+
+def counted_parameters(src: Source) -> Dict[str, int]:
+    """Parameter counts from the spec's formula and, independently, from the tensors themselves."""
+    if src.kind == KIND_ONNX:
+        lin, total = src.onnx_view.parameter_counts()
+        return {"linear": lin, "with_log_sigma": total, "counted_from": "ONNX initializers (Gemm/LSTM/Add)"}
+    spec, T = src.spec, src.policy.tensors
+    lin = sum(int(v.size) for k, v in T.items()
+              if k.startswith(("body.", "lstm.", "discrete.")) or k in (C.C_MU_W, C.C_MU_B))
+    sig = sum(int(v.size) for k, v in T.items() if k.startswith("continuous.log_sigma"))
+    return {"linear": spec.parameter_count(include_log_sigma=False),
+            "with_log_sigma": spec.parameter_count(include_log_sigma=True),
+            "tensors_linear": lin, "tensors_with_log_sigma": lin + sig,
+            "counted_from": "spec formula and canonical tensors"}
+
+
+def normalizer_summary(src: Source) -> List[Dict[str, object]]:
+    out = []
+    if not src.spec.normalize:
+        return out
+    for i, (mean, div) in enumerate(src.obs_scale()):
+        d: Dict[str, object] = {"input": C.OBS_INPUT.format(i=i), "size": int(mean.size),
+                                "mean_range": [float(mean.min()), float(mean.max())],
+                                "divisor_range": [float(div.min()), float(div.max())]}
+        if src.policy is not None:
+            T = src.policy.tensors
+            var = T[C.c_norm(i, C.NORM_VAR)].astype(np.float64)
+            steps = float(T[C.c_norm(i, C.NORM_STEPS)].reshape(-1)[0])
+            exact = src.policy.exact_steps.get(C.c_norm(i, C.NORM_STEPS))
+            per_step = var / steps
+            d.update(steps=int(exact) if exact is not None else int(round(steps)),
+                     variance_range=[float(var.min()), float(var.max())],
+                     variance_per_step_range=[float(per_step.min()), float(per_step.max())])
+            const = np.flatnonzero(per_step < CONSTANT_VAR)
+        else:
+            d["steps"] = None  # folded into the divisor in an ONNX
+            const = np.flatnonzero(div.astype(np.float64) ** 2 < CONSTANT_VAR)
+        d["constant_dims"] = [int(j) for j in const]
+        d["constant_rule"] = f"running_variance / steps < {CONSTANT_VAR:g} (divisor < {np.sqrt(CONSTANT_VAR):g})"
+        d["fp16_overflow"] = bool(src.policy is not None and float(src.policy.tensors[C.c_norm(i, C.NORM_VAR)].max()) > 65504.0)
+        out.append(d)
+    return out
+
+
+def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Source] = None) -> ModeResult:
+    p = Path(path)
+    src = src or load_source(p)
+    r = ModeResult("info")
+    spec = src.spec
+    params = counted_parameters(src)
+    norm = normalizer_summary(src)
+    env = environment()
+    from ..exporters.devices import resolve_device
+
+    try:
+        resolved = resolve_device(device) if src.kind != KIND_ONNX else None
+    except Exception as exc:  # report, do not fail: info describes what is here
+        resolved = f"unavailable ({exc})"
+    d: Dict[str, object] = {"source": display_path(p), "kind": "run directory" if p.is_dir() else src.kind,
+                            "file": src.label, "spec": spec_dict(spec), "parameters": params,
+                            "normalizer": norm, "environment": env, "device": {"asked": device, "torch": resolved,
+                                                                               "dtype": dtype}}
+    if src.checkpoint is not None:
+        d["checkpoint"] = {"sha256": src.checkpoint.sha256, "training_step": src.checkpoint.global_step,
+                           "top_level_keys": src.checkpoint.top_keys}
+    if src.policy is not None and src.policy.metadata:
+        md = src.policy.metadata
+        d["policy_file"] = {"source_file": md.get("source_file"), "source_sha256": md.get("source_sha256"),
+                            "training_step": md.get("training_step")}
+    if src.kind == KIND_ONNX:
+        v = src.onnx_view
+        d["onnx"] = {"opset": v.opset, "producer": f"{src.model.producer_name} {src.model.producer_version}".strip(),
+                     "inputs": {n: s for n, s in v.inputs}, "outputs": v.outputs, "nodes": len(src.model.graph.node)}
+    inv = None
+    run_dir = p if p.is_dir() else None
+    if run_dir is not None:
+        inv = run_inventory(run_dir)
+        d["inventory"] = inv
+    r.data = d
+
+    L = r.lines
+    L.append(f"{d['source']}  ({d['kind']}{', newest checkpoint ' + src.label if run_dir else ''})")
+    L.append(f"  spec: {spec.family}")
+    L.append(f"  parameters: {params['linear']:,} in the linear layers, {params['with_log_sigma']:,} with log_sigma"
+             f"  ({params['counted_from']})")
+    if src.checkpoint is not None:
+        L.append(f"  checkpoint: step {src.checkpoint.global_step}, sha256 {src.checkpoint.sha256[:16]}…, "
+                 f"top-level keys {', '.join(src.checkpoint.top_keys)}")
+    if "onnx" in d:
+        o = d["onnx"]
+        L.append(f"  onnx: opset {o['opset']}, {o['nodes']} nodes, producer {o['producer'] or '?'}, inputs "
+                 + ", ".join(f"{k}{v}" for k, v in o["inputs"].items()))
+    if not norm:
+        L.append("  normalizer: none (normalize: false)")
+    for n in norm:
+        steps = "folded into the ONNX" if n["steps"] is None else f"{n['steps']:,} steps"
+        L.append(f"  normalizer {n['input']} [{n['size']}]: {steps}, mean {g(n['mean_range'][0], 4)}..{g(n['mean_range'][1], 4)}"
+                 + (f", variance {g(n['variance_range'][0], 4)}..{g(n['variance_range'][1], 4)}" if "variance_range" in n else "")
+                 + f", divisor {g(n['divisor_range'][0], 4)}..{g(n['divisor_range'][1], 4)}")
+        L.append(f"    constant dims: {n['constant_dims'] or 'none'} ({n['constant_rule']})"
+                 + ("; running_variance exceeds fp16's 65504: the normalizer must stay float32" if n["fp16_overflow"] else ""))
+    if inv is not None:
+        for beh, b in inv["behaviors"].items():
+            L.append(f"  behavior {beh}: {len(b['checkpoints'])} checkpoint(s)")
+            for ck in b["checkpoints"]:
+                pts = ck.get("pt")
+                pts = ", ".join(pts) if isinstance(pts, list) else pts
+                present = "present" if ck.get("pt_present") and ck.get("onnx_present", True) else "MISSING files"
+                reward = ck.get("reward")
+                L.append(f"    step {ck['steps']}: reward {g(reward, 6) if reward is not None else '?'}, "
+                         f"{ck.get('onnx') or ''} {pts or ''} ({present})")
+            if b.get("final"):
+                L.append(f"    final: step {b['final']['steps']} -> {b['final']['onnx']}")
+    L.append(f"  environment: torch {env['torch']}, onnx {env['onnx']}, onnxruntime {env['onnxruntime']}, "
+             f"python {env['python']}")
+    L.append("  devices: " + ", ".join(f"{k} ({v})" for k, v in env["devices"].items())
+             + f"; onnxruntime providers: {', '.join(env['onnxruntime_providers'])}")
+    return r

@@ -1,0 +1,675 @@
+"""Inputs of the run modes: any source (.pt, .safetensors, .onnx, run directory), its signature,
+observation feeds, and runners (torch eager on cpu/cuda/npu, onnxruntime on CPU / CUDA EP).
+
+An ONNX carries no canonical tensors: it runs through onnxruntime in float32 only. Where a mode
+or a device/dtype needs the tensors (dtype casting, torch on an NPU), the error says so and the
+command exits 2.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import contract as C
+from ..converter import Checkpoint, Policy, PolicySpec
+from ..errors import DeviceError, InputError, UnsupportedError
+
+KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
+RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
+DTYPES = ("float32", "float16", "bfloat16")
+STOCHASTIC = (C.OUT_CONT, C.OUT_DISC)
+CONSTANT_OUTPUTS = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_DISC_SHAPE)
+CKPT_SUFFIXES = (".pt", ".pth", ".ckpt")
+
+
+def display_path(p) -> str:
+    """``p`` relative to the working directory when it lies below it (for command lines)."""
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+# --- run directories ---------------------------------------------------------------------
+def _resolve_logged(run_dir: Path, logged: str) -> Optional[Path]:
+    """training_status.json paths are relative to where mlagents-learn ran (results/<run-id>/...):
+    try ever shorter suffixes of the logged path below ``run_dir``."""
+    parts = Path(logged).parts
+    for k in range(len(parts)):
+        cand = run_dir.joinpath(*parts[k:])
+        if cand.is_file():
+            return cand
+    return None
+
+
+def step_of(path: Path) -> Optional[int]:
+    tail = path.stem.rsplit("-", 1)
+    if len(tail) == 2 and tail[1].isdigit():
+        return int(tail[1])
+    return None
+
+
+def step_checkpoints(run_dir: Path) -> List[Path]:
+    """``<Behavior>/<Behavior>-<step>.pt`` below ``run_dir``, oldest first."""
+    files = [p for p in Path(run_dir).glob("*/*-*.pt") if step_of(p) is not None]
+    return sorted(files, key=lambda p: (step_of(p), str(p)))
+
+
+def run_inventory(run_dir) -> Dict[str, object]:
+    """Checkpoint inventory of a run directory from ``run_logs/training_status.json``."""
+    run_dir = Path(run_dir)
+    status = run_dir / "run_logs" / "training_status.json"
+    out: Dict[str, object] = {"run_dir": str(run_dir), "training_status": None, "behaviors": {}}
+    if not status.is_file():
+        out["behaviors"] = {"(no training_status.json)": {"checkpoints": [
+            {"steps": step_of(p), "pt": display_path(p), "pt_present": True} for p in step_checkpoints(run_dir)]}}
+        return out
+    try:
+        doc = json.loads(status.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"not readable JSON ({' '.join(str(exc).split())[:120]})", status) from None
+    out["training_status"] = display_path(status)
+    out["metadata"] = doc.get("metadata", {})
+    for beh, entry in doc.items():
+        if beh == "metadata" or not isinstance(entry, dict):
+            continue
+        rows = []
+        for ck in entry.get("checkpoints", []) or []:
+            onnx_p = _resolve_logged(run_dir, ck.get("file_path", "")) if ck.get("file_path") else None
+            pts = [_resolve_logged(run_dir, a) for a in ck.get("auxillary_file_paths", []) or []]
+            rows.append({"steps": ck.get("steps"), "reward": ck.get("reward"),
+                         "onnx": display_path(onnx_p) if onnx_p else ck.get("file_path"),
+                         "onnx_present": onnx_p is not None,
+                         "pt": [display_path(p) if p else a for p, a in zip(pts, ck.get("auxillary_file_paths", []))],
+                         "pt_present": bool(pts) and all(p is not None for p in pts)})
+        fin = entry.get("final_checkpoint") or {}
+        final = None
+        if fin:
+            fp = _resolve_logged(run_dir, fin.get("file_path", "")) if fin.get("file_path") else None
+            final = {"steps": fin.get("steps"), "reward": fin.get("reward"),
+                     "onnx": display_path(fp) if fp else fin.get("file_path"), "onnx_present": fp is not None}
+        ckpt_pt = run_dir / beh / "checkpoint.pt"
+        out["behaviors"][beh] = {"checkpoints": rows, "final": final,
+                                 "checkpoint_pt": display_path(ckpt_pt) if ckpt_pt.is_file() else None}
+    return out
+
+
+def newest_checkpoint(run_dir: Path) -> Path:
+    files = step_checkpoints(run_dir)
+    if files:
+        return files[-1]
+    cands = sorted(Path(run_dir).glob("*/checkpoint.pt"))
+    if cands:
+        return cands[0]
+    raise InputError("no checkpoint in this directory (expected <Behavior>/<Behavior>-<step>.pt)", run_dir)
+
+
+# --- ONNX reading ------------------------------------------------------------------------
+def load_onnx(path):
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such file" if not p.exists() else "not a file", p)
+    try:
+        m = onnx.load(str(p))
+    except Exception as exc:
+        raise InputError(f"not a readable ONNX model ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})", p) from None
+    if not m.graph.node or not any(i.name == C.OBS_INPUT.format(i=0) for i in m.graph.input):
+        raise InputError(f"not an ML-Agents policy ONNX (no '{C.OBS_INPUT.format(i=0)}' input)", p)
+    return m
+
+
+class OnnxView:
+    """What an ML-Agents-shaped ONNX says about itself: I/O, constants, folded normalizer."""
+
+    def __init__(self, model):
+        from onnx import numpy_helper
+
+        self.model = model
+        g = model.graph
+        self.inits = {t.name: t for t in g.initializer}
+        self.alias: Dict[str, str] = {}
+        for n in g.node:
+            if n.op_type == "Identity" and n.input[0] in self.inits:
+                self.alias[n.output[0]] = n.input[0]
+        self.consumers: Dict[str, List] = {}
+        for n in g.node:
+            for x in n.input:
+                self.consumers.setdefault(x, []).append(n)
+        self.producer = {o: n for n in g.node for o in n.output}
+        self._np = numpy_helper.to_array
+        init_names = set(self.inits)
+        self.inputs = [(i.name, [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
+                       for i in g.input if i.name not in init_names]
+        self.outputs = [o.name for o in g.output]
+        self.opset = {o.domain or "": o.version for o in model.opset_import}.get("", 0)
+
+    def tensor(self, name: str) -> Optional[np.ndarray]:
+        name = self.alias.get(name, name)
+        t = self.inits.get(name)
+        if t is not None:
+            return self._np(t)
+        n = self.producer.get(name)
+        if n is not None and n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    return self._np(a.t)
+        return None
+
+    def output_constant(self, out: str) -> Optional[np.ndarray]:
+        n = self.producer.get(out)
+        if n is not None and n.op_type == "Identity":
+            return self.tensor(n.input[0])
+        return None
+
+    def obs_scale(self, i: int) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """(running_mean, folded divisor) of observation ``i``: Sub(obs_i, mean) -> Div(., D)."""
+        name = C.OBS_INPUT.format(i=i)
+        for n in self.consumers.get(name, []):
+            if n.op_type == "Sub" and n.input[0] == name:
+                mean = self.tensor(n.input[1])
+                for d in self.consumers.get(n.output[0], []):
+                    if d.op_type == "Div":
+                        return mean, self.tensor(d.input[1])
+        return None, None
+
+    def spec(self) -> PolicySpec:
+        dims = dict(self.inputs)
+        obs = []
+        while C.OBS_INPUT.format(i=len(obs)) in dims:
+            w = dims[C.OBS_INPUT.format(i=len(obs))]
+            obs.append(int(w[1]) if len(w) > 1 and w[1] else 0)
+        cont = 0
+        for o in self.model.graph.output:
+            if o.name in (C.OUT_CONT_DET, C.OUT_CONT):
+                d = o.type.tensor_type.shape.dim
+                if len(d) > 1 and d[1].HasField("dim_value"):
+                    cont = int(d[1].dim_value)
+        if not cont:
+            v = self.output_constant(C.OUT_CONT_SHAPE)
+            cont = int(v.reshape(-1)[0]) if v is not None and v.size else 0
+        branches: Tuple[int, ...] = ()
+        v = self.output_constant(C.OUT_DISC_SHAPE)
+        if v is not None:
+            branches = tuple(int(x) for x in v.reshape(-1))
+        mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
+        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and "_body_endoder" in n.name]
+        hidden = 0
+        if body:
+            w = self.tensor(body[0].input[1])
+            hidden = int(w.shape[0]) if w is not None else 0
+        sac = any(n.op_type == "Tanh" and C.OUT_CONT in n.output for n in self.model.graph.node)
+        normalize = bool(obs) and self.obs_scale(0)[0] is not None
+        return PolicySpec(algorithm="sac" if sac else "ppo", obs_sizes=tuple(obs), normalize=normalize,
+                          hidden_units=hidden, num_layers=len(body), continuous_size=cont,
+                          discrete_branches=branches, memory_size=mem, notes=("read from an ONNX graph",))
+
+    def parameter_counts(self) -> Tuple[int, int]:
+        """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/Add initializers."""
+        lin, sig = 0, 0
+        for n in self.model.graph.node:
+            if n.op_type in ("Gemm", "LSTM"):
+                size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
+                if "log_sigma" in n.name:
+                    sig += size
+                else:
+                    lin += size
+            elif n.op_type == "Add":
+                for x in n.input:
+                    t = self.tensor(x) if (self.alias.get(x, x) in self.inits) else None
+                    if t is not None:
+                        sig += int(t.size)
+        return lin, lin + sig
+
+
+# --- sources -----------------------------------------------------------------------------
+@dataclass
+class Source:
+    """One input of a mode: a policy with canonical tensors, or an ONNX without them."""
+
+    path: Path
+    kind: str
+    spec: PolicySpec
+    policy: Optional[Policy] = None
+    checkpoint: Optional[Checkpoint] = None
+    model: Optional[object] = None  # onnx.ModelProto for an ONNX input
+    run_dir: Optional[Path] = None
+    load_seconds: float = 0.0
+    _cache: Dict[str, object] = field(default_factory=dict, repr=False)
+
+    @property
+    def has_tensors(self) -> bool:
+        return self.policy is not None
+
+    @property
+    def label(self) -> str:
+        return display_path(self.path)
+
+    @property
+    def onnx_view(self) -> Optional[OnnxView]:
+        if self.model is None:
+            return None
+        if "view" not in self._cache:
+            self._cache["view"] = OnnxView(self.model)
+        return self._cache["view"]
+
+    def rebuilt_onnx(self, opset: int = C.ONNX_OPSET_DEFAULT):
+        """Our ONNX rebuilt from the canonical tensors (cached per opset)."""
+        from ..exporters.onnx_export import build_onnx
+
+        self.require_tensors("rebuilding an ONNX")
+        key = f"onnx{opset}"
+        if key not in self._cache:
+            self._cache[key] = build_onnx(self.policy, opset)
+        return self._cache[key]
+
+    def reference_onnx(self):
+        """The graph onnxruntime runs for this source: the ONNX itself, or the rebuilt opset-9 one."""
+        return self.model if self.model is not None else self.rebuilt_onnx()
+
+    def require_tensors(self, what: str) -> None:
+        if self.policy is None:
+            raise UnsupportedError(f"{what} is not available for an ONNX input: it carries no canonical tensors "
+                                   "(give the .pt checkpoint or the .safetensors policy)", self.path)
+
+    def obs_scale(self) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """Per observation: (running_mean, divisor) as float32, the divisor folded exactly as the
+        ONNX does (so a checkpoint and its ONNX give the same random observations)."""
+        if "scale" in self._cache:
+            return self._cache["scale"]
+        out = []
+        for i, n in enumerate(self.spec.obs_sizes):
+            mean = div = None
+            if self.policy is not None and self.spec.normalize:
+                from ..exporters.onnx_export import folded_divisor
+
+                T = self.policy.tensors
+                mean = T[C.c_norm(i, C.NORM_MEAN)]
+                div = folded_divisor(T[C.c_norm(i, C.NORM_VAR)], T[C.c_norm(i, C.NORM_STEPS)])
+            elif self.model is not None:
+                mean, div = self.onnx_view.obs_scale(i)
+            if mean is None or div is None:
+                mean, div = np.zeros(n, np.float32), np.ones(n, np.float32)
+            out.append((np.asarray(mean, np.float32).reshape(n), np.asarray(div, np.float32).reshape(n)))
+        self._cache["scale"] = out
+        return out
+
+    def probe_policy(self) -> Policy:
+        """A policy for verify.probes / checks.fingerprint: the real one, or for an ONNX a stand-in
+        whose normalizer is its folded (mean, divisor) (variance = divisor^2 in float64, steps 1)."""
+        if self.policy is not None:
+            return self.policy
+        tensors: Dict[str, np.ndarray] = {}
+        if self.spec.normalize:
+            for i, (mean, div) in enumerate(self.obs_scale()):
+                tensors[C.c_norm(i, C.NORM_MEAN)] = mean
+                tensors[C.c_norm(i, C.NORM_VAR)] = div.astype(np.float64) ** 2
+                tensors[C.c_norm(i, C.NORM_STEPS)] = np.ones((), np.float32)
+        return Policy(spec=self.spec, tensors=tensors)
+
+
+def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
+    """Read a mode's input: ``.pt`` checkpoint, ``.safetensors`` policy, ``.onnx`` model, or a run
+    directory (its newest step checkpoint)."""
+    from ..converter import load_policy, policy_from_checkpoint
+    from ..converter.checkpoint import load_checkpoint
+
+    p = Path(path)
+    t0 = time.perf_counter()
+    if not p.exists():
+        raise InputError("no such file or directory", p)
+    run_dir = None
+    if p.is_dir():
+        run_dir = p
+        p = newest_checkpoint(p)
+    suffix = p.suffix.lower()
+    if suffix in CKPT_SUFFIXES:
+        ckpt = load_checkpoint(p)
+        conv = policy_from_checkpoint(ckpt, obs_sizes=obs_sizes)
+        src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
+    elif suffix == ".safetensors":
+        pol = load_policy(p)
+        src = Source(p, KIND_POLICY, pol.spec, policy=pol)
+    elif suffix == ".onnx":
+        m = load_onnx(p)
+        try:
+            spec = OnnxView(m).spec()
+        except Exception as exc:
+            raise InputError(f"not an ML-Agents policy ONNX ({type(exc).__name__}: {str(exc)[:120]})", p) from None
+        if not spec.obs_sizes or not (spec.continuous_size or spec.discrete_branches):
+            raise InputError("not an ML-Agents policy ONNX (no observation widths or no action outputs)", p)
+        src = Source(p, KIND_ONNX, spec, model=m)
+    else:
+        raise InputError(f"unknown input type '{suffix or p.name}': give a .pt checkpoint, a .safetensors policy, "
+                         "an .onnx model or a run directory", p)
+    src.load_seconds = time.perf_counter() - t0
+    return src
+
+
+# --- observations ------------------------------------------------------------------------
+def input_names(spec: PolicySpec) -> List[str]:
+    from ..exporters.torch_module import input_names as names
+
+    return names(spec)
+
+
+def deterministic_names(spec: PolicySpec) -> List[str]:
+    from ..exporters.torch_module import output_names
+
+    return output_names(spec)
+
+
+def random_obs(src: Source, rows: int, seed: int) -> Dict[str, np.ndarray]:
+    """Observations at the normalizer's scale: ``mean + divisor * z``, z ~ N(0, 1) from
+    ``numpy.random.default_rng(seed)`` (unit scale without a normalizer)."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for i, (mean, div) in enumerate(src.obs_scale()):
+        z = rng.standard_normal((rows, mean.size))
+        feed[C.OBS_INPUT.format(i=i)] = (mean.astype(np.float64) + div.astype(np.float64) * z).astype(np.float32)
+    return feed
+
+
+def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Add all-ones action masks and zero memories where the feed has none."""
+    rows = next(iter(feed.values())).shape[0]
+    if spec.discrete_branches and C.ACTION_MASKS not in feed:
+        feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
+    if spec.memory_size and C.RECURRENT_IN not in feed:
+        feed[C.RECURRENT_IN] = np.zeros((rows, 1, spec.memory_size), np.float32)
+    return feed
+
+
+def _as_rows(a, width: int, name: str, path: Path) -> np.ndarray:
+    try:
+        a = np.asarray(a, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InputError(f"'{name}' is not a numeric array", path) from None
+    if a.ndim == 1:
+        a = a.reshape(1, -1)
+    if a.ndim != 2 or a.shape[1] != width or a.shape[0] == 0:
+        raise InputError(f"'{name}' has shape {list(a.shape)}, expected [rows, {width}]", path)
+    return np.ascontiguousarray(a)
+
+
+def _split_flat(spec: PolicySpec, a, path: Path) -> Dict[str, np.ndarray]:
+    total = spec.obs_total
+    arr = _as_rows(a, total, "observations", path) if np.asarray(a).ndim <= 2 else None
+    if arr is None:
+        raise InputError(f"observations must be [rows, {total}]", path)
+    out, start = {}, 0
+    for i, n in enumerate(spec.obs_sizes):
+        out[C.OBS_INPUT.format(i=i)] = np.ascontiguousarray(arr[:, start:start + n])
+        start += n
+    return out
+
+
+def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.ndarray]:
+    names = input_names(spec)
+    unknown = [k for k in d if k not in names]
+    if unknown:
+        raise InputError(f"unknown input '{unknown[0]}' (the policy takes {', '.join(names)})", path)
+    out = {}
+    for i, n in enumerate(spec.obs_sizes):
+        k = C.OBS_INPUT.format(i=i)
+        if k not in d:
+            raise InputError(f"missing input '{k}'", path)
+        out[k] = _as_rows(d[k], n, k, path)
+    if C.ACTION_MASKS in d:
+        out[C.ACTION_MASKS] = _as_rows(d[C.ACTION_MASKS], spec.discrete_total, C.ACTION_MASKS, path)
+    if C.RECURRENT_IN in d:
+        m = np.asarray(d[C.RECURRENT_IN], np.float32)
+        out[C.RECURRENT_IN] = m.reshape(m.shape[0] if m.ndim > 1 else 1, 1, spec.memory_size)
+    rows = {v.shape[0] for v in out.values()}
+    if len(rows) != 1:
+        raise InputError(f"inputs disagree on the number of rows: {sorted(rows)}", path)
+    return out
+
+
+def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
+    """.npy (rows x obs width; several observations: their concatenation), .npz (arrays by input
+    name) or .json (a list of rows, or an object by input name)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such observation file", p)
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return _split_flat(spec, np.load(p, allow_pickle=False), p)
+        if suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                return _named(spec, {k: z[k] for k in z.files}, p)
+        if suffix == ".json":
+            doc = json.loads(p.read_text())
+            if isinstance(doc, dict):
+                return _named(spec, doc, p)
+            return _split_flat(spec, doc, p)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"not a readable observation file ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})", p) from None
+    raise InputError(f"unknown observation file type '{suffix}': give .npy, .npz or .json", p)
+
+
+def make_feed(src: Source, obs: str = "random", rows: int = 1, seed: int = 0) -> Dict[str, np.ndarray]:
+    """``obs``: ``random`` (seeded, at the normalizer's scale), ``zeros``, ``probes`` (verify's
+    seeded probes incl. clip-hitting outliers) or a path to a .npy/.npz/.json file."""
+    if rows < 1:
+        raise InputError(f"--rows must be at least 1, got {rows}")
+    if obs == "random":
+        feed = random_obs(src, rows, seed)
+    elif obs == "zeros":
+        feed = {C.OBS_INPUT.format(i=i): np.zeros((rows, n), np.float32) for i, n in enumerate(src.spec.obs_sizes)}
+    elif obs == "probes":
+        from ..verify.probes import make_probes
+
+        return make_probes(src.probe_policy(), rows=rows, seed=seed)
+    else:
+        feed = read_obs_file(src.spec, obs)
+    return complete_feed(src.spec, feed)
+
+
+# --- devices and runners -----------------------------------------------------------------
+def ort_providers() -> List[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def ort_provider_for(device: str) -> Tuple[str, str]:
+    """(execution provider, device label) for an ONNX run on ``device``."""
+    base = device.split(":")[0]
+    have = ort_providers()
+    if device == "auto":
+        if "CANNExecutionProvider" in have:
+            return "CANNExecutionProvider", "npu"
+        if "CUDAExecutionProvider" in have:
+            return "CUDAExecutionProvider", "cuda"
+        return "CPUExecutionProvider", "cpu"
+    if base == "cpu":
+        return "CPUExecutionProvider", "cpu"
+    if base == "cuda":
+        if "CUDAExecutionProvider" not in have:
+            raise DeviceError("device 'cuda' for onnxruntime needs its CUDA execution provider (onnxruntime-gpu); "
+                              f"this onnxruntime has {', '.join(have)}")
+        return "CUDAExecutionProvider", device
+    if base == "npu":
+        if "CANNExecutionProvider" not in have:
+            raise DeviceError("device 'npu' is not available for onnxruntime here (no CANN execution provider); "
+                              "give the .pt or .safetensors to run the torch module on the NPU")
+        return "CANNExecutionProvider", device
+    raise DeviceError(f"unknown device '{device}': choose cpu, cuda, npu or auto")
+
+
+def ort_session_on(model, device: str = "cpu"):
+    """onnxruntime session on ``device``: CPU (one intra-op thread, as the verifier) or an accelerator EP."""
+    import onnxruntime as ort
+
+    from ..verify.runtime import ort_session
+
+    provider, label = ort_provider_for(device)
+    if provider == "CPUExecutionProvider":
+        return ort_session(model), label
+    data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    opts = {}
+    if ":" in device:
+        opts = {"device_id": int(device.split(":")[1])}
+    sess = ort.InferenceSession(data, sess_options=so, providers=[(provider, opts), "CPUExecutionProvider"])
+    if provider not in sess.get_providers():
+        raise DeviceError(f"onnxruntime could not start {provider} on {device}")
+    return sess, label
+
+
+@dataclass
+class Runner:
+    """Runs one source on one device/runtime/dtype. ``run`` gives the deterministic outputs
+    (plus constant outputs under onnxruntime); ``sample`` the stochastic ones for a seed."""
+
+    runtime: str
+    device: str
+    dtype: str
+    spec: PolicySpec
+    run: Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]
+    sample_fn: Optional[Callable[..., Dict[str, np.ndarray]]] = None
+    build_seconds: float = 0.0
+    note: str = ""
+    module: Optional[object] = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.runtime} {self.device} {self.dtype}"
+
+    def deterministic(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        out = self.run(feed)
+        return {k: v for k, v in out.items() if k not in STOCHASTIC}
+
+    def sample(self, feed: Dict[str, np.ndarray], seed: int) -> Dict[str, np.ndarray]:
+        if self.sample_fn is None:
+            raise UnsupportedError(f"sampling is not available on {self.label}")
+        return self.sample_fn(feed, seed)
+
+
+def draw_noise(spec: PolicySpec, rows: int, seed: int):
+    """The noise ``PolicyModule.sample`` draws for ``seed`` (on the CPU), as numpy arrays."""
+    from ..exporters.torch_module import PolicyModule
+
+    class _Shim:
+        pass
+
+    shim = _Shim()
+    shim.spec = spec
+    eps, u = PolicyModule.draw_noise(shim, rows, seed)
+    return eps.numpy(), u.numpy()
+
+
+def torch_runner(src: Source, device: str = "cpu", dtype: str = "float32") -> Runner:
+    import torch
+
+    from ..exporters.torch_module import build_module
+    from ..verify.engine import module_runner
+
+    src.require_tensors("the torch runtime")
+    if dtype not in DTYPES:
+        raise DeviceError(f"unknown dtype '{dtype}': choose float32, float16 or bfloat16")
+    t0 = time.perf_counter()
+    mod = build_module(src.policy, device=device, dtype=dtype)
+    dev = str(next(mod.parameters()).device)
+    run = module_runner(mod)
+    build = time.perf_counter() - t0
+    names = [n for n in (C.OUT_CONT, C.OUT_DISC) if (n == C.OUT_CONT and src.spec.continuous_size)
+             or (n == C.OUT_DISC and src.spec.discrete_branches)]
+
+    def sample(feed, seed):
+        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])).to(dev) for n in mod.input_names]
+        with torch.no_grad():
+            out = mod.sample(*xs, seed=seed)
+        return {n: o.detach().float().cpu().numpy() if o.dtype.is_floating_point else o.cpu().numpy()
+                for n, o in zip(names, out)}
+
+    return Runner(RUNTIME_TORCH, dev, dtype, src.spec, run, sample, build, module=mod)
+
+
+def ort_runner(src: Source, device: str = "cpu", dtype: str = "float32", model=None) -> Runner:
+    from ..exporters.onnx_export import with_noise_input
+    from ..verify.runtime import ort_run
+
+    if dtype != "float32":
+        what = "an ONNX input" if src.kind == KIND_ONNX else "the onnxruntime runtime"
+        raise DeviceError(f"--dtype {dtype} is not available for {what}: the ONNX is float32 and casting needs "
+                          "canonical tensors (use the torch runtime on the .pt or .safetensors)", src.path)
+    model = model if model is not None else src.reference_onnx()
+    t0 = time.perf_counter()
+    sess, label = ort_session_on(model, device)
+    build = time.perf_counter() - t0
+    spec = src.spec
+    cache: Dict[str, object] = {}
+
+    def run(feed):
+        return ort_run(sess, feed)
+
+    def sample(feed, seed):
+        if not spec.continuous_size:
+            raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
+                                   "node has no seed (give the .pt or .safetensors)", src.path)
+        if "noise" not in cache:
+            cache["noise"] = ort_session_on(with_noise_input(model), device)[0]
+        rows = next(iter(feed.values())).shape[0]
+        eps, _ = draw_noise(spec, rows, seed)
+        out = ort_run(cache["noise"], dict(feed, **{C.NOISE_INPUT: eps}))
+        return {C.OUT_CONT: out[C.OUT_CONT]}
+
+    note = ""
+    if spec.discrete_branches and spec.continuous_size:
+        note = "discrete actions are not sampled for an ONNX (its Multinomial has no seed): continuous only"
+    return Runner(RUNTIME_ORT, label, "float32", spec, run, sample, build, note=note)
+
+
+def make_runner(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto") -> Runner:
+    """torch eager for a policy, onnxruntime for an ONNX (``runtime`` forces one)."""
+    if runtime == "auto":
+        runtime = RUNTIME_ORT if src.kind == KIND_ONNX else RUNTIME_TORCH
+    if runtime == RUNTIME_TORCH:
+        if src.kind == KIND_ONNX:
+            raise UnsupportedError("the torch runtime is not available for an ONNX input: it carries no canonical "
+                                   "tensors (give the .pt checkpoint or the .safetensors policy)", src.path)
+        return torch_runner(src, device, dtype)
+    if runtime == RUNTIME_ORT:
+        return ort_runner(src, device, dtype)
+    raise InputError(f"unknown runtime '{runtime}': choose torch, onnxruntime or auto")
+
+
+def devices_present() -> List[str]:
+    """cpu, each CUDA device, and NPUs (torch_npu is imported only where it is installed)."""
+    import importlib.util
+
+    from ..exporters.devices import available_devices
+
+    return available_devices(include_npu=importlib.util.find_spec("torch_npu") is not None)
+
+
+def to_jsonable(o):
+    if isinstance(o, dict):
+        return {str(k): to_jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [to_jsonable(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return to_jsonable(o.tolist())
+    if isinstance(o, (np.floating, float)):
+        f = float(o)
+        return f if np.isfinite(f) else str(f)
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    if isinstance(o, Path):
+        return str(o)
+    return o
