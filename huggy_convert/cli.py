@@ -39,16 +39,19 @@ def run_guarded(fn, as_json: bool = False):
         fail(e, as_json)
 
 
-def verify_options(atol, cosine, devices, dtypes, rows=64, seed=0):
+def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
     from .verify import VerifyOptions, parse_overrides
 
     return VerifyOptions(rows=rows, seed=seed, devices=list(devices) or None, dtypes=tuple(dtypes),
-                         atol=parse_overrides(atol), cosine=parse_overrides(cosine))
+                         atol=parse_overrides(atol), rtol=parse_overrides(rtol), cosine=parse_overrides(cosine))
 
 
 tolerance_options = [
     click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
-                 help="max abs tolerance for module checks, per output (Polygraphy style); repeatable"),
+                 help="absolute tolerance for module checks, per output (Polygraphy style); repeatable"),
+    click.option("--rtol", multiple=True, metavar="[OUTPUT:]TOL",
+                 help="relative tolerance: an element fails only past both atol and rtol (fp32 default 1e-5; "
+                      "an --atol override alone means absolute only)"),
     click.option("--cosine", multiple=True, metavar="[OUTPUT:]MIN", help="minimum cosine similarity, per output"),
     click.option("--verify-device", "devices", multiple=True, metavar="DEV",
                  help="devices to verify on (default: every device present: cpu, cuda:i, npu:i)"),
@@ -95,7 +98,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
 @with_options(tolerance_options)
 def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes, jobs, force, as_json,
-                atol, cosine, devices, dtypes):
+                atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory) into OUT/."""
     from .pipeline import ConvertOptions, convert_one
 
@@ -106,7 +109,7 @@ def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes,
                 sizes = [int(s) for s in obs_sizes.split(",")]
             except ValueError:
                 raise InputError(f"--obs-sizes '{obs_sizes}' is not a comma-separated list of integers") from None
-        vo = verify_options(atol, cosine, devices, dtypes)
+        vo = verify_options(atol, rtol, cosine, devices, dtypes)
         opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, verify=not no_verify,
                               program=not no_program, verify_options=vo)
         if source.is_dir():
@@ -136,13 +139,13 @@ def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes,
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint (enables check 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
 @with_options(tolerance_options)
-def verify_cmd(out, reference, checkpoint, as_json, atol, cosine, devices, dtypes):
+def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices, dtypes):
     """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion)."""
     from .pipeline import verify_dir
 
     def go():
         reps = verify_dir(out, reference=reference, checkpoint=checkpoint,
-                          options=verify_options(atol, cosine, devices, dtypes))
+                          options=verify_options(atol, rtol, cosine, devices, dtypes))
         if as_json:
             click.echo(json.dumps([r.to_dict() for r in reps] if len(reps) > 1 else reps[0].to_dict(), indent=2))
         else:
@@ -156,6 +159,8 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, cosine, devices, dtype
     sys.exit(run_guarded(go, as_json))
 
 
+from .modes import register as _register_modes
+_register_modes(main)
 def entry() -> None:  # console script
     try:
         main(standalone_mode=True)

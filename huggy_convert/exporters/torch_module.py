@@ -18,6 +18,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .. import contract as C
 from ..converter import Policy
@@ -65,6 +66,10 @@ class PolicyModule(nn.Module):
                     name = f"norm{i}_{short}"
                     self.register_buffer(name, _t(T[C.c_norm(i, field)], normalizer_dtype).reshape(-1 if short != "steps" else ()))
                     self._pinned.append(name)
+                # the folded divisor, computed once as torch's constant folding computes it
+                div = torch.sqrt(getattr(self, f"norm{i}_var") / getattr(self, f"norm{i}_steps"))
+                self.register_buffer(f"norm{i}_div", div)
+                self._pinned.append(f"norm{i}_div")
         self.body = nn.ModuleList()
         prev = spec.obs_total
         for layer in range(spec.num_layers):
@@ -122,16 +127,18 @@ class PolicyModule(nn.Module):
     def _encode(self, obs, memories):
         parts = []
         for i, x in enumerate(obs):
-            x = x.to(self.normalizer_dtype if self.spec.normalize else self.compute_dtype)
             if self.spec.normalize:
-                mean = getattr(self, f"norm{i}_mean")
-                div = torch.sqrt(getattr(self, f"norm{i}_var") / getattr(self, f"norm{i}_steps"))
-                x = torch.clamp((x - mean) / div, -C.NORM_CLIP, C.NORM_CLIP)
-            parts.append(x.to(self.compute_dtype))
-        h = torch.cat(parts, dim=1)
+                if x.dtype != self.normalizer_dtype:
+                    x = x.to(self.normalizer_dtype)
+                x = torch.clamp((x - getattr(self, f"norm{i}_mean")) / getattr(self, f"norm{i}_div"),
+                                -C.NORM_CLIP, C.NORM_CLIP)
+            if x.dtype != self.compute_dtype:
+                x = x.to(self.compute_dtype)
+            parts.append(x)
+        h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         for lin in self.body:
-            h = lin(h)
-            h = h * torch.sigmoid(h)
+            z = F.linear(h, lin.weight, lin.bias)
+            h = z * torch.sigmoid(z)  # Swish as ML-Agents exports it (Sigmoid, Mul); F.silu rounds differently
         new_mem = None
         if self.spec.memory_size:
             hs = self.spec.memory_size // 2
@@ -162,7 +169,9 @@ class PolicyModule(nn.Module):
         h, new_mem = self._encode(obs, memories)
         out = []
         if self.spec.continuous_size:
-            mu = self.mu(h).to(torch.float32)
+            mu = F.linear(h, self.mu.weight, self.mu.bias)
+            if mu.dtype != torch.float32:
+                mu = mu.float()
             out.append(mu if self.spec.tanh_squash else torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP)
         if self.spec.discrete_branches:
             out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, masks)], dim=1))

@@ -272,7 +272,8 @@ def _diagnose(outputs: Dict[str, np.ndarray], zero_outputs: Dict[str, np.ndarray
 
 def check_module_outputs(title: str, run, ref: Dict[str, np.ndarray], feed: Dict[str, np.ndarray], dtype: str,
                          overrides_atol: Dict[str, float], overrides_cos: Dict[str, float],
-                         normalizer_dtypes: Dict[str, str], zero_run=None) -> Check:
+                         normalizer_dtypes: Dict[str, str], zero_run=None,
+                         overrides_rtol: Optional[Dict[str, float]] = None) -> Check:
     """``run(feed) -> {output: array}`` compared with ``ref`` under the dtype's tolerances."""
     c = Check(title)
     try:
@@ -285,14 +286,23 @@ def check_module_outputs(title: str, run, ref: Dict[str, np.ndarray], feed: Dict
     for name, want in ref.items():
         if name not in got:
             continue
+        overrides_rtol = overrides_rtol or {}
+        rtol = overrides_rtol.get(name, overrides_rtol.get(
+            "*", None if name in overrides_atol or "*" in overrides_atol else base.rtol))
         tol = Tolerance(atol=overrides_atol.get(name, overrides_atol.get("*", base.atol)),
-                        cosine=overrides_cos.get(name, overrides_cos.get("*", base.cosine)))
+                        cosine=overrides_cos.get(name, overrides_cos.get("*", base.cosine)), rtol=rtol)
         s = array_stats(want, got[name])
-        ok = tol.passes(s)
+        ok = tol.passes(s, want, got[name])
         status = PASS if ok else (WARN if dtype == "bfloat16" else FAIL)
-        label = "" if ok else (" over the bf16 threshold: not for production" if dtype == "bfloat16" else
-                               f" over tolerance (atol {tol.atol:g}, cosine {tol.cosine})")
-        c.add(Check(name, status, _fmt(s) + label, figures=dict(s, atol=tol.atol, min_cosine=tol.cosine)))
+        rule = f"atol {tol.atol:g}" + (f" or rtol {tol.rtol:g}" if tol.rtol is not None else "") + f", cosine {tol.cosine}"
+        if ok:
+            label = ""
+        elif dtype == "bfloat16":
+            label = " over the bf16 threshold: not for production"
+        else:
+            n = tol.violations(want, got[name]) if s.get("mismatches") is None else s["mismatches"]
+            label = f" over tolerance ({rule}; {n} element(s))"
+        c.add(Check(name, status, _fmt(s) + label, figures=dict(s, atol=tol.atol, rtol=tol.rtol, min_cosine=tol.cosine)))
         worst.append(s.get("max_abs", 0.0))
     if c.status == FAIL:
         zero = zero_run() if zero_run else {}

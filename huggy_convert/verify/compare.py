@@ -73,23 +73,39 @@ def _first(ref, got, diff_mask) -> Dict[str, object]:
 
 @dataclass(frozen=True)
 class Tolerance:
+    """Polygraphy's rule, element by element: an element fails only when its absolute error
+    exceeds ``atol`` *and* its relative error exceeds ``rtol`` (``rtol=None``: absolute only);
+    the whole output must also keep ``cosine`` similarity. Integer outputs must agree exactly."""
+
     atol: float
     cosine: float
     rtol: Optional[float] = None
 
-    def passes(self, stats: Dict[str, object]) -> bool:
+    def violations(self, ref: np.ndarray, got: np.ndarray) -> int:
+        r, g = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+        d = np.abs(r - g)
+        bad = ~(d <= self.atol)  # NaN counts as bad
+        if self.rtol is not None:
+            bad &= ~(d <= self.rtol * np.abs(r))
+        return int(bad.sum())
+
+    def passes(self, stats: Dict[str, object], ref=None, got=None) -> bool:
         if "shape_mismatch" in stats:
             return False
         if stats.get("mismatches") is not None:  # integer outputs: must agree exactly
             return stats["mismatches"] == 0
-        ok = stats["max_abs"] <= self.atol and stats["cosine"] >= self.cosine
-        if self.rtol is not None:
-            ok = ok and stats["max_rel"] <= self.rtol
-        return ok
+        if stats["cosine"] < self.cosine:
+            return False
+        if ref is not None and got is not None:
+            return self.violations(ref, got) == 0
+        return stats["max_abs"] <= self.atol
 
 
+# fp32: ORT's own float32 rounding against the exact result reaches ~1e-6 on Huggy-scale
+# outlier rows (its Sigmoid is a rational approximation), so a pure 1e-6 bound is met by ORT
+# alone and by no other runtime; Polygraphy's rtol lets such elements pass at 1e-5 relative.
 DEFAULT_TOLERANCES = {
-    "float32": Tolerance(atol=1e-6, cosine=0.999999),
+    "float32": Tolerance(atol=1e-6, cosine=0.999999, rtol=1e-5),
     "float16": Tolerance(atol=1e-2, cosine=0.999),
     "bfloat16": Tolerance(atol=5e-2, cosine=0.995),  # reported; over it -> not-for-production, not a failure
 }

@@ -32,6 +32,7 @@ class VerifyOptions:
     dtypes: Sequence[str] = ("float32", "float16", "bfloat16")
     atol: Dict[str, float] = field(default_factory=dict)
     cosine: Dict[str, float] = field(default_factory=dict)
+    rtol: Dict[str, float] = field(default_factory=dict)
     fingerprint_steps: Sequence[int] = (64, 128)
     include_npu: bool = False
 
@@ -210,21 +211,22 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
             norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
             runner = module_runner(mod)
             zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
-            sub = K.check_module_outputs(f"{dev} {dt}", runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero)
+            sub = K.check_module_outputs(f"{dev} {dt}", runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol)
             if dt == "float32" and ref_noised is not None:
                 with torch.no_grad():
                     xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
                     got = mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noises[main_feed_name]))[0].cpu().numpy()
                 s = K.array_stats(ref_noised, got)
                 tol = K.DEFAULT_TOLERANCES["float32"]
-                sub.add(Check(f"{C.OUT_CONT} (injected noise)", PASS if tol.passes(s) else FAIL, K._fmt(s), figures=s))
+                sub.add(Check(f"{C.OUT_CONT} (injected noise)", PASS if tol.passes(s, ref_noised, got) else FAIL,
+                              K._fmt(s), figures=s))
             c4.add(sub)
     for title, mod in extra_modules:
         norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
         dt = str(next(mod.parameters()).dtype).replace("torch.", "")
         runner = module_runner(mod)
         zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
-        c4.add(K.check_module_outputs(title, runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero))
+        c4.add(K.check_module_outputs(title, runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol))
     if pt2_path is not None and Path(pt2_path).is_file():
         from ..exporters.torch_module import input_names, output_names
 
@@ -235,7 +237,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
                 dt = "float16"
             zero = lambda r=prun: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
             c4.add(K.check_module_outputs(f"saved program {Path(pt2_path).name} (cpu)", prun, ref_out, main_feed, dt,
-                                          o.atol, o.cosine, pbuf, zero))
+                                          o.atol, o.cosine, pbuf, zero, o.rtol))
         except Exception as exc:
             c4.add(Check(f"saved program {Path(pt2_path).name}", FAIL,
                          f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))

@@ -28,10 +28,20 @@ class Check:
             self.status = WARN
         return child
 
-    def failures(self) -> List["Check"]:
-        out = [self] if self.status == FAIL and not any(c.status == FAIL for c in self.children) else []
-        for c in self.children:
-            out += c.failures()
+    def failures(self, path: str = "", diagnoses: tuple = ()) -> List[str]:
+        """One line per failing leaf: ``parent › leaf: summary`` plus any diagnosis an ancestor made."""
+        here = f"{path} › {self.title}" if path else self.title
+        if self.status != FAIL:
+            return []
+        if self.summary.startswith("FAILED:"):
+            diagnoses = diagnoses + (self.summary[len("FAILED:"):].strip(),)
+        failing = [c for c in self.children if c.status == FAIL]
+        if not failing:
+            extra = "".join(f" ({d})" for d in diagnoses)
+            return [f"{here}: {self.summary}{extra}"]
+        out: List[str] = []
+        for c in failing:
+            out += c.failures(here, diagnoses)
         return out
 
     def to_dict(self) -> Dict[str, Any]:
@@ -75,15 +85,15 @@ class Report:
             return "FAIL"
         return "PASS (with warnings)" if any(c.status == WARN for c in self.checks) else "PASS"
 
-    def failures(self) -> List[Check]:
-        out: List[Check] = []
+    def failures(self) -> List[str]:
+        out: List[str] = []
         for c in self.checks:
             out += c.failures()
         return out
 
     def first_failure(self) -> Optional[str]:
         f = self.failures()
-        return f"{f[0].title}: {f[0].summary}" if f else None
+        return f[0] if f else None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"subject": self.subject, "verdict": self.verdict, "ok": self.ok, "notes": self.notes,

@@ -1,0 +1,177 @@
+"""Batch benchmark: one ``huggy-convert RUN_DIR OUT/`` over a 201-checkpoint Huggy-size run vs separate invocations.
+
+The run is built from the committed fixture (fixtures/huggy): its real step checkpoints, copied with
+their official ``.onnx`` (and ML-Agents' golden inputs), plus perturbed copies of the newest one saved
+with ``torch.save`` in ML-Agents' dict layout (the real file loaded with ``weights_only=True``, the
+Policy weights scaled by ``1 + 1e-3 * N(0, 1)`` per copy, every other top-level entry kept,
+``global_step`` updated), ``checkpoint.pt`` (same tensors as the newest step) and a
+``run_logs/training_status.json`` listing them all. There is no official ONNX for a perturbed copy
+(ML-Agents never exported one): those are verified without check 2/3's official comparison; the
+real fixture checkpoints are verified against their own official ONNX.
+
+Prints, measured side by side in one run: the batch's wall time, ms per checkpoint, peak RSS of the
+batch process (``ru_maxrss`` from ``os.wait4``), the mean of a few separate invocations and its
+extrapolation to the whole run, and the ratio. No thresholds are asserted here.
+
+    python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HUGGY_RUN = ROOT / "fixtures" / "huggy"
+PERTURBED_KEYS = ("seq_layers", "mu.", "log_sigma", "branches.", "lstm.")
+
+
+def _step_files(run: Path):
+    files = [p for p in run.glob("*/*-*.pt") if p.stem.rsplit("-", 1)[1].isdigit()]
+    return sorted(files, key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+
+
+def build_run(dest: Path, count: int = 201, source: Path = HUGGY_RUN, seed: int = 0, real: bool = True) -> dict:
+    """Write a run directory with ``count`` step checkpoints into ``dest``; returns a description.
+
+    ``real``: include the source run's own step checkpoints (with their official ONNX) as they are."""
+    import numpy as np
+    import torch
+
+    steps_real = _step_files(source)
+    if not steps_real:
+        raise SystemExit(f"no <Behavior>-<step>.pt in {source}")
+    behavior = steps_real[-1].parent.name
+    bdir = dest / behavior
+    bdir.mkdir(parents=True, exist_ok=True)
+    (dest / "run_logs").mkdir(exist_ok=True)
+    base = torch.load(steps_real[-1], map_location="cpu", weights_only=True)
+    last_real = int(steps_real[-1].stem.rsplit("-", 1)[1])
+    rng = np.random.default_rng(seed)
+    entries = []
+    real_files = steps_real if real else []
+    n_pert = count - len(real_files)
+    real_steps = {int(p.stem.rsplit("-", 1)[1]) for p in real_files}
+    t0 = 1796000000.0
+    for k in range(n_pert):
+        step = 1000 * (k + 1) + 7
+        while step in real_steps:
+            step += 1
+        ckpt = dict(base)
+        pol = {}
+        g = torch.Generator().manual_seed(seed * 100003 + k)
+        for name, t in base["Policy"].items():
+            if t.is_floating_point() and any(s in name for s in PERTURBED_KEYS):
+                t = t * (1 + 1e-3 * torch.randn(t.shape, generator=g, dtype=t.dtype))
+            pol[name] = t
+        ckpt["Policy"] = pol
+        gs = dict(base["global_step"])
+        key = next(iter(gs))
+        gs[key] = torch.tensor([step], dtype=gs[key].dtype).reshape(gs[key].shape)
+        ckpt["global_step"] = gs
+        path = bdir / f"{behavior}-{step}.pt"
+        torch.save(ckpt, path)
+        entries.append({"steps": step, "file_path": f"results/bench/{behavior}/{behavior}-{step}.onnx",
+                        "reward": round(float(10 + 0.2 * k + rng.normal(0, 2)), 6), "creation_time": t0 + 30 * k,
+                        "auxillary_file_paths": [f"results/bench/{behavior}/{behavior}-{step}.pt"]})
+    for p in real_files:
+        step = int(p.stem.rsplit("-", 1)[1])
+        for suffix in (".pt", ".onnx", ".golden.npz"):
+            q = p.with_name(p.stem + suffix)
+            if q.is_file():
+                shutil.copyfile(q, bdir / q.name)
+        entries.append({"steps": step, "file_path": f"results/bench/{behavior}/{p.stem}.onnx",
+                        "reward": round(float(50 + rng.normal(0, 2)), 6), "creation_time": t0 + 30 * count + step / 1000,
+                        "auxillary_file_paths": [f"results/bench/{behavior}/{p.name}"]})
+    entries.sort(key=lambda e: e["steps"])
+    newest = entries[-1]
+    cp = source / behavior / "checkpoint.pt"
+    if real and cp.is_file() and newest["steps"] == last_real:
+        shutil.copyfile(cp, bdir / "checkpoint.pt")
+    else:
+        shutil.copyfile(bdir / f"{behavior}-{newest['steps']}.pt", bdir / "checkpoint.pt")
+    status = {behavior: {"checkpoints": entries, "final_checkpoint": dict(newest, file_path=f"results/bench/{behavior}.onnx")},
+              "metadata": {"stats_format_version": "0.3.0", "mlagents_version": "1.1.0", "torch_version": torch.__version__}}
+    (dest / "run_logs" / "training_status.json").write_text(json.dumps(status, indent=4))
+    return {"dir": dest, "behavior": behavior, "count": len(entries), "entries": entries,
+            "real": [p.name for p in real_files]}
+
+
+def _cli(*args):
+    exe = Path(sys.executable).with_name("huggy-convert")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "huggy_convert.cli"], [str(a) for a in args]
+
+
+def measure(args) -> dict:
+    """wall seconds, peak RSS (MB, ``ru_maxrss`` of that child from ``os.wait4``), exit code and output."""
+    head, tail = _cli(*args)
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        t = time.perf_counter()
+        p = subprocess.Popen(head + tail, stdout=fo, stderr=fe)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return {"wall": wall, "rss": ru.ru_maxrss / 1024, "rc": p.returncode, "out": fo.read().decode(),
+                "err": fe.read().decode()[-3000:]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--count", type=int, default=201)
+    ap.add_argument("--jobs", type=int, default=0, help="batch workers (default: the command's default, the cores)")
+    ap.add_argument("--singles", type=int, default=3, help="separate invocations to time and extrapolate")
+    ap.add_argument("--keep", type=Path, help="build the run and outputs here and keep them")
+    a = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="huggy-batch-bench-")) if a.keep is None else a.keep
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        run = tmp / "results" / "bench"
+        t = time.perf_counter()
+        desc = build_run(run, a.count)
+        print(f"built {desc['count']} checkpoints (+ checkpoint.pt) in {time.perf_counter() - t:.1f} s: {run}")
+        print(f"  real fixture checkpoints with their official ONNX: {', '.join(desc['real'])}; the "
+              f"{desc['count'] - len(desc['real'])} perturbed copies have none (ML-Agents never exported them)")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = ["--jobs", str(a.jobs)] if a.jobs else []
+        b = measure([run, tmp / "out", "--json", *jobs])
+        if b["rc"] != 0:
+            print(b["out"][-3000:], b["err"], file=sys.stderr)
+        s = json.loads(b["out"])
+        n = s["checkpoints"]
+        print(f"batch: {n} checkpoints ({s['converted']} converted, {s['same_as']} same as another, {s['failed']} failed) "
+              f"exit {b['rc']}, {s['jobs']} workers on {cores} cores")
+        print(f"  wall {b['wall']:.2f} s ({1000 * b['wall'] / n:.1f} ms per checkpoint; in-process {s['seconds']:.2f} s)")
+        print(f"  peak RSS {b['rss']:.0f} MB")
+        # the same run again: everything is skipped
+        r = measure([run, tmp / "out", "--json", *jobs])
+        rs = json.loads(r["out"])
+        print(f"rerun (all skipped: {rs['skipped']}): wall {r['wall']:.2f} s, peak RSS {r['rss']:.0f} MB")
+        singles = []
+        picks = sorted(run.glob("*/*-*.pt"))[: a.singles]
+        for p in picks:
+            x = measure([p, tmp / "single"])
+            singles.append(x["wall"])
+            print(f"separate: huggy-convert {p.name}: {x['wall']:.2f} s (exit {x['rc']}), peak RSS {x['rss']:.0f} MB")
+        mean = sum(singles) / len(singles)
+        est = mean * n
+        print(f"separate invocations: mean {mean:.2f} s -> {est:.0f} s for {n} (extrapolated)")
+        print(f"ratio: batch is {est / b['wall']:.1f}x faster than separate invocations")
+        print(f"SUMMARY wall_s={b['wall']:.2f} ms_per_ckpt={1000 * b['wall'] / n:.1f} ratio={est / b['wall']:.1f} "
+              f"peak_rss_mb={b['rss']:.0f} jobs={s['jobs']} cores={cores}")
+        return 0
+    finally:
+        if a.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1109 @@
+"""Batch: every checkpoint of an ML-Agents run directory converted, exported and verified in one process.
+
+``huggy-convert results/<run-id>/ out/`` (or a behavior folder, or any folder holding ``.pt`` files).
+
+Finding the checkpoints
+    ``run_logs/training_status.json`` (in SOURCE, or in its parent when SOURCE is a behavior folder)
+    gives each checkpoint's behavior, step, reward and creation time. Its paths are relative to
+    wherever mlagents-learn ran (``results/Huggy/Huggy/Huggy-99972.onnx``), so a listed file is
+    found by its base name among the ``.pt`` files under SOURCE (ML-Agents' own spelling
+    ``auxillary_file_paths`` names the ``.pt``; ``file_path`` with ``.pt`` for ``.onnx`` is the
+    fallback). Without that file, or for ``.pt`` files it does not list, ``<Behavior>-<step>.pt``
+    names give behavior and step. Hidden folders and OUT (when inside SOURCE) are not searched.
+    A listed checkpoint whose file is gone is reported as ``missing`` (a failure).
+
+``checkpoint.pt``
+    ML-Agents saves the newest step twice: ``<Behavior>-<step>.pt`` and ``checkpoint.pt``. The latter
+    is recognised by content (its ``Policy`` tensors bitwise equal to those of the step file with
+    its global step, else of the behavior's newest step) and recorded as ``same_as`` that entry,
+    not converted twice. If it matches none it is converted as ``<Behavior>-checkpoint``.
+
+Output layout (flat, so ``huggy-convert verify out/`` sees every policy)
+    ``out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}`` where ``<stem>`` is the
+    checkpoint's file stem (``Huggy-99972``: ML-Agents already prefixes steps with the behavior,
+    so several behaviors of one run stay apart). Two sources with the same stem (loose files in
+    different folders) both take their relative path, ``/`` replaced by ``-``. Plus
+    ``out/manifest.json`` and ``out/manifest.csv``.
+
+Verification profile
+    Each checkpoint is verified against its own ``<stem>.onnx`` when ML-Agents wrote one. The newest
+    checkpoint of each behavior gets the full profile of a single conversion (the command's
+    options: 64 probe rows, float32/float16/bfloat16 module checks, the ``.pt2`` reloaded with
+    ``torch.export.load``, 64- and 128-step fingerprints). Every other checkpoint gets the batch
+    profile: checks 1-3 in full (check 3 on 16 probe rows plus ML-Agents' golden inputs when
+    present), check 4 with the module in float32 on the CPU and on every accelerator present,
+    and the saved ``.pt2`` run with the weights read back from the file in the graph that
+    ``torch.export.load`` gave for the architecture (loaded once per architecture and worker;
+    the rest of the archive is checked byte for byte against that program), check 5 with
+    64-step fingerprints. The manifest records which profile each entry got.
+
+Speed and memory
+    One process, a thread pool (``--jobs``, default: the cores; torch, onnxruntime, numpy, zlib and
+    hashlib release the GIL) with one torch thread per worker. A checkpoint is read once (hashed
+    and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture;
+    later checkpoints of that architecture get the traced archive with their weight records
+    replaced (CRCs and serialization id recomputed), which is checked once per architecture to be
+    byte-identical to ``torch.export.save`` and otherwise falls back to it. Nothing of a finished
+    checkpoint stays in memory but its manifest entry; at most ``2 x jobs`` are in flight.
+
+Idempotent and resumable
+    An entry is skipped when the manifest has it verified with the same source sha256, tool
+    version and options, and each of its output files still has the recorded sha256 (``--force``
+    redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
+    rewritten that way (and fsynced) about once a second and at the end; stale ``.*.tmp`` files
+    of a killed run are removed first. After a ``kill -9`` a rerun skips what the manifest holds and
+    redoes the rest, with the same bytes (the artifacts and reports are deterministic).
+    Artifacts are not fsynced one by one: after a power cut a rerun finds any torn file by its
+    sha256 and redoes that checkpoint.
+
+Exit codes: 0 all converted and verified (or skipped), 1 some checkpoint failed (conversion error,
+missing file or failed verification), 2 nothing could be converted, or no checkpoint at all.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import struct
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Dict, List, Optional, Tuple
+
+import click
+
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, CheckpointError, HuggyError, InputError
+from .pipeline import (SUFFIX_GOLDEN, SUFFIX_ONNX, SUFFIX_POLICY, SUFFIX_PROGRAM, SUFFIX_REPORT, ConvertOptions,
+                       default_reference, load_reference)
+
+MANIFEST_JSON = "manifest.json"
+MANIFEST_CSV = "manifest.csv"
+MANIFEST_FORMAT = "huggy-convert-batch-manifest"
+MANIFEST_FORMAT_VERSION = 1
+STATUS_FILE = Path("run_logs") / "training_status.json"
+STEP_NAME = re.compile(r"^(?P<behavior>.+)-(?P<step>\d+)\.pt$")
+CHECKPOINT_NAME = "checkpoint.pt"
+BATCH_ROWS = 16
+BATCH_FINGERPRINT_STEPS = (64,)
+MANIFEST_INTERVAL_S = float(os.environ.get("HUGGY_CONVERT_MANIFEST_INTERVAL", "1.0"))
+
+# entry status (what the out directory holds) and what this run did with it
+OK, VERIFY_FAILED, ERROR, MISSING, SAME_AS = "ok", "verify_failed", "error", "missing", "same_as"
+CONVERTED, SKIPPED, FAILED, CHECKED = "converted", "skipped", "failed", "checked"
+KINDS = (("safetensors", SUFFIX_POLICY), ("onnx", SUFFIX_ONNX), ("pt2", SUFFIX_PROGRAM),
+         ("report", SUFFIX_REPORT), ("golden", SUFFIX_GOLDEN))
+
+
+# --- discovery ----------------------------------------------------------------------------------
+@dataclass
+class Item:
+    """One checkpoint to process (or a listed one that is missing)."""
+
+    path: Path
+    rel: str  # relative to the run directory, posix
+    behavior: Optional[str]
+    step: Optional[int]
+    kind: str = "step"  # step | checkpoint | other
+    reward: Optional[float] = None
+    creation_time: Optional[float] = None
+    listed: bool = False
+    missing: bool = False
+    stem: str = ""
+    newest: bool = False
+
+
+def _num(v, cast):
+    try:
+        return None if v is None else cast(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
+    """Records ``{behavior, name, parent, step, reward, creation_time}`` from training_status.json."""
+    try:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        return [], f"{path}: unreadable ({' '.join(str(exc).split())[:120]}); using the file names"
+    records = []
+    for behavior, val in doc.items():
+        if behavior == "metadata" or not isinstance(val, dict):
+            continue
+        entries = [e for e in (val.get("checkpoints") or []) if isinstance(e, dict)]
+        if isinstance(val.get("final_checkpoint"), dict):
+            entries.append(val["final_checkpoint"])
+        for e in entries:
+            aux = e.get("auxillary_file_paths") or e.get("auxiliary_file_paths") or []
+            pts = [str(p) for p in aux if str(p).endswith(".pt")]
+            if not pts and e.get("file_path"):
+                fp = PurePosixPath(str(e["file_path"]).replace("\\", "/"))
+                pts = [str(fp.with_suffix(".pt"))]
+            for p in pts:
+                pp = PurePosixPath(p.replace("\\", "/"))
+                records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name,
+                                "step": _num(e.get("steps"), int), "reward": _num(e.get("reward"), float),
+                                "creation_time": _num(e.get("creation_time"), float)})
+    return records, None
+
+
+def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(scope):
+        keep = []
+        for d in sorted(dirnames):
+            if d.startswith(".") or (exclude is not None and Path(dirpath, d).resolve() == exclude):
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(".pt") and not f.startswith(".")]
+    return found
+
+
+def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[Path], List[Item], List[str]]:
+    """(run root, training_status.json or None, items, warnings) for SOURCE."""
+    source = Path(source)
+    if not source.is_dir():
+        raise InputError("no such directory", source)
+    warnings: List[str] = []
+    if (source / STATUS_FILE).is_file():
+        root, status = source, source / STATUS_FILE
+    elif (source.parent / STATUS_FILE).is_file():  # a behavior folder of a run
+        root, status = source.parent, source.parent / STATUS_FILE
+    else:
+        root, status = source, None
+    exclude = Path(out).resolve() if out is not None else None
+    files = _scan(source, exclude)
+    rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
+    by_name: Dict[str, List[Path]] = {}
+    for f in files:
+        by_name.setdefault(f.name, []).append(f)
+
+    items: List[Item] = []
+    claimed = set()
+    records: List[dict] = []
+    if status is not None:
+        records, warn = _read_status(status)
+        if warn:
+            warnings.append(warn)
+    seen_names = set()
+    for r in records:
+        if (r["behavior"], r["name"]) in seen_names:  # final_checkpoint repeats the newest
+            continue
+        seen_names.add((r["behavior"], r["name"]))
+        if source != root and r["behavior"] != source.name and r["parent"] != source.name:
+            continue  # another behavior of the run than the folder asked for
+        cands = [c for c in by_name.get(r["name"], []) if c not in claimed]
+        if len(cands) > 1:
+            cands.sort(key=lambda c: (c.parent.name != r["parent"], c.parent.name != r["behavior"], str(c)))
+        if not cands:
+            guess = (source if source != root else root / r["behavior"]) / r["name"]
+            items.append(Item(path=guess, rel=rel(guess), behavior=r["behavior"], step=r["step"], reward=r["reward"],
+                              creation_time=r["creation_time"], listed=True, missing=True))
+            continue
+        f = cands[0]
+        claimed.add(f)
+        kind = "checkpoint" if f.name == CHECKPOINT_NAME else "step"
+        items.append(Item(path=f, rel=rel(f), behavior=r["behavior"], step=r["step"], kind=kind, reward=r["reward"],
+                          creation_time=r["creation_time"], listed=True))
+    for f in files:
+        if f in claimed:
+            continue
+        m = STEP_NAME.match(f.name)
+        if f.name == CHECKPOINT_NAME:
+            items.append(Item(path=f, rel=rel(f), behavior=f.parent.name, step=None, kind="checkpoint"))
+        elif m:
+            items.append(Item(path=f, rel=rel(f), behavior=m["behavior"], step=int(m["step"])))
+        else:
+            items.append(Item(path=f, rel=rel(f), behavior=None, step=None, kind="other"))
+
+    # stems: the file stem; checkpoint.pt -> <Behavior>-checkpoint; clashes -> the relative path
+    for it in items:
+        it.stem = f"{it.behavior or it.path.parent.name}-checkpoint" if it.kind == "checkpoint" else it.path.stem
+    counts: Dict[str, int] = {}
+    for it in items:
+        counts[it.stem] = counts.get(it.stem, 0) + 1
+    for it in items:
+        if counts[it.stem] > 1:
+            it.stem = it.rel[:-len(".pt")].replace("/", "-")
+    # the newest of each behavior gets the full verification profile
+    newest: Dict[Optional[str], Item] = {}
+    for it in items:
+        if it.kind == "checkpoint" or it.missing:
+            continue
+        key = (it.step if it.step is not None else -1, it.rel)
+        cur = newest.get(it.behavior)
+        if cur is None or key > (cur.step if cur.step is not None else -1, cur.rel):
+            newest[it.behavior] = it
+    for it in newest.values():
+        it.newest = True
+    items.sort(key=lambda it: (it.behavior or "", it.kind == "checkpoint", it.step if it.step is not None else -1, it.rel))
+    return root, status, items, warnings
+
+
+# --- writing ------------------------------------------------------------------------------------
+def write_atomic(path: Path, data: bytes, fsync: bool = False) -> None:
+    """Write under ``.<name>.<random>.tmp`` in the same folder, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def clean_stale_temporaries(out: Path) -> List[Path]:
+    """Remove ``.<name>.<random>.tmp`` files a killed run left in ``out``."""
+    removed = []
+    for p in sorted(out.glob(".*.tmp")):
+        if p.is_file():
+            try:
+                p.unlink()
+                removed.append(p)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _sha_file(path: Path) -> Optional[str]:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+# --- the .pt2 program: traced once per architecture, weight records swapped afterwards -----------
+class _NotPatchable(Exception):
+    pass
+
+
+def _hash_combine(seed: int, value: int) -> int:
+    """c10::hash_combine on a 64-bit size_t (PyTorchStreamWriter's serialization id)."""
+    m = (1 << 64) - 1
+    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & m) + (seed >> 2)) & m)) & m
+
+
+class ProgramTemplate:
+    """A ``torch.export.save`` archive whose stored weight records can be replaced in place.
+
+    The archive is a zip of stored (uncompressed) records with data descriptors. Replacing a
+    record of the same size changes only its bytes, its CRC-32 (data descriptor and central
+    directory) and ``.data/serialization_id`` (a 20-digit hash of the record names followed by
+    the 20-digit ``hash_combine`` of every record's CRC-32)."""
+
+    _FLOAT32 = 7  # torch._export.serde.schema.ScalarType.FLOAT
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.records: List[dict] = []  # in write order: name, off, size, crc, crc_at (positions)
+        self._parse()
+        byname = {r["name"]: r for r in self.records}
+        sid = [r for r in self.records if r["name"].endswith("/.data/serialization_id")]
+        if len(sid) != 1 or self.records[-1] is not sid[0]:
+            raise _NotPatchable("no serialization id record at the end")
+        self.sid = sid[0]
+        text = self._bytes(self.sid).decode("ascii", "replace")
+        if len(text) != 40 or not text.isdigit():
+            raise _NotPatchable(f"unexpected serialization id {text!r}")
+        self.sid_prefix = text[:20]
+        if f"{self._combined([r['crc'] for r in self.records[:-1]]):020d}" != text[20:]:
+            raise _NotPatchable("serialization id is not the combined CRC of the records")
+        root = self.sid["name"][:-len(".data/serialization_id")]
+        self.weights: Dict[str, dict] = {}  # fqn -> record (+ shape)
+        for folder, cfg_name in (("data/weights/", "model_weights_config.json"),
+                                 ("data/constants/", "model_constants_config.json")):
+            cfg_rec = byname.get(root + folder + cfg_name)
+            if cfg_rec is None:
+                raise _NotPatchable(f"no {folder}{cfg_name}")
+            cfg = json.loads(self._bytes(cfg_rec)).get("config", {})
+            for fqn, e in cfg.items():
+                meta = e.get("tensor_meta") or {}
+                rec = byname.get(root + folder + str(e.get("path_name")))
+                sizes = [s.get("as_int") for s in meta.get("sizes", [])]
+                if (rec is None or e.get("use_pickle") or meta.get("dtype") != self._FLOAT32
+                        or (meta.get("storage_offset") or {}).get("as_int", 0) != 0
+                        or any(not isinstance(s, int) for s in sizes) or rec["size"] != 4 * _prod(sizes)):
+                    raise _NotPatchable(f"record of {fqn!r} is not a plain float32 tensor")
+                self.weights[fqn] = dict(rec, shape=tuple(sizes))
+
+    @staticmethod
+    def _combined(crcs) -> int:
+        seed = 0
+        for c in crcs:
+            seed = _hash_combine(seed, c)
+        return seed
+
+    def _bytes(self, rec, data=None) -> bytes:
+        return bytes((data if data is not None else self.data)[rec["off"]:rec["off"] + rec["size"]])
+
+    def _parse(self) -> None:
+        d = self.data
+        eocd = d.rfind(b"PK\x05\x06")
+        if eocd < 0:
+            raise _NotPatchable("not a zip")
+        n, _, cd_off = struct.unpack_from("<HII", d, eocd + 10)
+        if n == 0xFFFF or cd_off == 0xFFFFFFFF:  # zip64 end record: read the real values
+            loc = d.rfind(b"PK\x06\x07", 0, eocd)
+            z64 = struct.unpack_from("<Q", d, loc + 8)[0] if loc >= 0 else -1
+            if z64 < 0 or d[z64:z64 + 4] != b"PK\x06\x06":
+                raise _NotPatchable("bad zip64 end record")
+            n, _, cd_off = struct.unpack_from("<QQQ", d, z64 + 32)
+        p = cd_off
+        for _ in range(n):
+            if d[p:p + 4] != b"PK\x01\x02":
+                raise _NotPatchable("bad central directory")
+            flags, method = struct.unpack_from("<HH", d, p + 8)
+            crc, csize, usize = struct.unpack_from("<III", d, p + 16)
+            fl, el, cl = struct.unpack_from("<HHH", d, p + 28)
+            lho = struct.unpack_from("<I", d, p + 42)[0]
+            name = d[p + 46:p + 46 + fl].decode("utf-8")
+            if method != 0 or csize != usize or 0xFFFFFFFF in (csize, usize, lho):
+                raise _NotPatchable(f"record {name} is compressed or zip64")
+            if d[lho:lho + 4] != b"PK\x03\x04":
+                raise _NotPatchable("bad local header")
+            lfl, lel = struct.unpack_from("<HH", d, lho + 26)
+            off = lho + 30 + lfl + lel
+            crc_at = [p + 16]
+            if struct.unpack_from("<I", d, lho + 14)[0] == crc:
+                crc_at.append(lho + 14)
+            if flags & 0x8:
+                dd = off + usize
+                dd += 4 if d[dd:dd + 4] == b"PK\x07\x08" else 0
+                if struct.unpack_from("<I", d, dd)[0] != crc:
+                    raise _NotPatchable("bad data descriptor")
+                crc_at.append(dd)
+            if zlib.crc32(d[off:off + usize]) != crc:
+                raise _NotPatchable(f"CRC of {name} does not match")
+            self.records.append({"name": name, "off": off, "size": usize, "crc": crc, "crc_at": crc_at,
+                                 "index": len(self.records)})
+            p += 46 + fl + el + cl
+        self.records.sort(key=lambda r: r["off"])
+        for i, r in enumerate(self.records):
+            r["index"] = i
+
+    def patch(self, tensors: Dict[str, bytes]) -> bytes:
+        """The archive with each weight record replaced by ``tensors[fqn]`` (same size)."""
+        if set(tensors) != set(self.weights):
+            raise _NotPatchable(f"tensors {sorted(set(tensors) ^ set(self.weights))} differ from the program's")
+        buf = bytearray(self.data)
+        crcs = [r["crc"] for r in self.records]
+        for fqn, rec in self.weights.items():
+            b = tensors[fqn]
+            if len(b) != rec["size"]:
+                raise _NotPatchable(f"{fqn}: {len(b)} bytes, the program stores {rec['size']}")
+            buf[rec["off"]:rec["off"] + rec["size"]] = b
+            c = zlib.crc32(b)
+            crcs[rec["index"]] = c
+            for at in rec["crc_at"]:
+                struct.pack_into("<I", buf, at, c)
+        sid = (self.sid_prefix + f"{self._combined(crcs[:-1]):020d}").encode("ascii")
+        buf[self.sid["off"]:self.sid["off"] + 40] = sid
+        for at in self.sid["crc_at"]:
+            struct.pack_into("<I", buf, at, zlib.crc32(sid))
+        return bytes(buf)
+
+    def read_weights(self, data: bytes) -> Dict[str, "object"]:
+        """float32 arrays of the weight records of an archive with this template's layout."""
+        import numpy as np
+
+        return {fqn: np.frombuffer(data, np.float32, count=rec["size"] // 4, offset=rec["off"]).reshape(rec["shape"])
+                for fqn, rec in self.weights.items()}
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def _module_tensor_bytes(policy) -> Dict[str, bytes]:
+    from .exporters.torch_module import build_module
+
+    return {k: v.detach().contiguous().cpu().numpy().tobytes() for k, v in build_module(policy, "cpu", "float32").state_dict().items()}
+
+
+class Programs:
+    """``.pt2`` bytes per checkpoint: torch.export traced once per architecture (thread-safe)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._state: Dict[object, dict] = {}  # spec -> {template, cache, checked}
+        self._local = threading.local()
+        self.notes: List[str] = []
+
+    def program(self, policy) -> bytes:
+        from .pipeline import program_bytes
+
+        spec = policy.spec
+        st = self._state.get(spec)
+        if st is not None and st["checked"] and st["template"] is not None:
+            return st["template"].patch(_module_tensor_bytes(policy))
+        with self._lock:
+            st = self._state.get(spec)
+            if st is None:  # first of its architecture: trace (the only torch.export of that spec)
+                cache: dict = {}
+                data = program_bytes(policy, cache)
+                try:
+                    tmpl = ProgramTemplate(data)
+                except _NotPatchable as exc:
+                    tmpl = None
+                    self.notes.append(f"{spec.family}: .pt2 weights are not swappable in place ({exc}); "
+                                      "every .pt2 saved with torch.export.save")
+                self._state[spec] = {"template": tmpl, "cache": cache, "checked": tmpl is None}
+                return data
+            if not st["checked"]:  # second: the swapped archive must equal torch.export.save's bytes
+                real = program_bytes(policy, st["cache"])
+                try:
+                    ok = st["template"].patch(_module_tensor_bytes(policy)) == real
+                except _NotPatchable:
+                    ok = False
+                if not ok:
+                    st["template"] = None
+                    self.notes.append(f"{spec.family}: swapping .pt2 weights did not reproduce torch.export.save; "
+                                      "every .pt2 saved with torch.export.save")
+                else:
+                    st["cache"] = None  # the traced program is no longer needed
+                st["checked"] = True
+                return real
+            if st["template"] is not None:
+                tmpl = st["template"]
+            else:
+                return program_bytes(policy, st["cache"])  # the slow path, under the lock
+        return tmpl.patch(_module_tensor_bytes(policy))
+
+    def template(self, spec) -> Optional[ProgramTemplate]:
+        st = self._state.get(spec)
+        return st["template"] if st else None
+
+    def check_module(self, spec, path: Path):
+        """A module for check 4: the program graph (torch.export.load, once per architecture and
+        thread) run with the weights read back from ``path``; raises when run if the archive is not
+        the architecture's program with other weights."""
+        import torch
+
+        from .exporters.torch_module import input_names, output_names
+
+        tmpl = self.template(spec)
+        cache = self._local.__dict__.setdefault("programs", {})
+        gm = cache.get(spec)
+        if gm is None:
+            gm = torch.export.load(io.BytesIO(tmpl.data)).module()
+            cache[spec] = gm
+        data = path.read_bytes()
+        problem = None
+        if len(data) != len(tmpl.data):
+            problem = f"{len(data)} bytes, the architecture's program has {len(tmpl.data)}"
+        else:
+            w = tmpl.read_weights(data)
+            if tmpl.patch({k: v.tobytes() for k, v in w.items()}) != data:
+                problem = "the archive differs from the architecture's program beyond its weight records"
+            else:
+                sd = gm.state_dict()
+                with torch.no_grad():
+                    for k, v in w.items():
+                        sd[k].copy_(torch.from_numpy(v.copy()))
+        return _ProgramCheck(gm, input_names(spec), output_names(spec), problem)
+
+
+def _program_check_class():
+    import torch
+
+    class ProgramCheck(torch.nn.Module):
+        def __init__(self, gm, ins, outs, problem):
+            super().__init__()
+            self.gm, self.input_names, self.output_names, self.problem = gm, ins, outs, problem
+            self._pinned: List[str] = []
+
+        def forward(self, *xs):
+            if self.problem:
+                raise ValueError(self.problem)
+            return tuple(self.gm(*xs))
+
+    return ProgramCheck
+
+
+def _ProgramCheck(gm, ins, outs, problem):
+    global _PROGRAM_CHECK
+    if _PROGRAM_CHECK is None:
+        _PROGRAM_CHECK = _program_check_class()
+    return _PROGRAM_CHECK(gm, ins, outs, problem)
+
+
+_PROGRAM_CHECK = None
+
+
+# --- one checkpoint -----------------------------------------------------------------------------
+def read_checkpoint(path: Path, data: bytes, sha256: str):
+    """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once."""
+    import torch
+
+    from . import contract as C
+    from .converter import Checkpoint
+    from .converter.checkpoint import _describe_load_failure
+
+    if not data:
+        raise CheckpointError("empty file, not a torch checkpoint", path)
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(_describe_load_failure(exc), path) from None
+    if isinstance(obj, torch.Tensor):
+        raise CheckpointError("holds a bare tensor, not an ML-Agents checkpoint (a dict with a 'Policy' state dict)", path)
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"holds a {type(obj).__name__}, not an ML-Agents checkpoint dict", path)
+    top = [str(k) for k in obj.keys()]
+    if C.CKPT_POLICY not in obj:
+        shown = ", ".join(top[:6]) + (" ..." if len(top) > 6 else "")
+        raise CheckpointError(f"no '{C.CKPT_POLICY}' state dict: not an ML-Agents checkpoint (top-level keys: {shown or 'none'})", path)
+    policy = obj[C.CKPT_POLICY]
+    if not isinstance(policy, dict) or not all(isinstance(v, torch.Tensor) for v in policy.values()):
+        raise CheckpointError(f"'{C.CKPT_POLICY}' is not a state dict of tensors", path)
+    step = None
+    gs = obj.get(C.CKPT_GLOBAL_STEP)
+    if isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor):
+        t = gs[C.GLOBAL_STEP_KEY]
+        if t.numel() == 1:
+            step = int(t.reshape(-1)[0].item())
+    return Checkpoint(path=path, sha256=sha256, policy=dict(policy), global_step=step, top_keys=top)
+
+
+def _policy_state(path: Path):
+    """Only the ``Policy`` state dict of a checkpoint (memory-mapped: the rest is not read)."""
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    pol = obj.get("Policy") if isinstance(obj, dict) else None
+    return pol if isinstance(pol, dict) else None
+
+
+def _iso(t: Optional[float]) -> Optional[str]:
+    if t is None:
+        return None
+    try:
+        return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _one_line(exc: BaseException, path: Path) -> str:
+    if isinstance(exc, HuggyError):
+        return exc.one_line()
+    return f"{path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _key_figures(rep_dict: dict) -> dict:
+    """The numbers worth a glance: per-check status, bitwise counts, module max abs, fingerprints."""
+    out: dict = {"checks": {}}
+    for c in rep_dict.get("checks", []):
+        num = c["title"].split(" ", 1)[0]
+        out["checks"][num] = c["status"]
+        kids = c.get("checks", [])
+        if num == "1" and c.get("figures"):
+            out["safetensors_bitwise"] = [c["figures"].get("bitwise_equal"), c["figures"].get("tensors")]
+        elif num == "2":
+            for k in kids:
+                f = k.get("figures") or {}
+                if k["title"] == "initializers" and "paired" in f:
+                    out["onnx_initializers_bitwise"] = [f["paired"] - len(f.get("differences", [])), f["paired"]]
+        elif num == "3":
+            eq = sum((k.get("figures") or {}).get("bitwise_equal", 0) for k in kids)
+            n = sum((k.get("figures") or {}).get("count", 0) for k in kids)
+            out["outputs_bitwise"] = [eq, n]
+        elif num == "4":
+            mx = {}
+            for k in kids:
+                vals = [(g.get("figures") or {}).get("max_abs") for g in k.get("checks", [])]
+                vals = [v for v in vals if isinstance(v, (int, float))]
+                mx[k["title"].split(" (")[0]] = max(vals) if vals else None
+            out["module_max_abs"] = mx
+        elif num == "5":
+            fps = (c.get("figures") or {}).get("fingerprints", {})
+            out["fingerprints"] = {str(s): v.get("torch_cpu_float32") for s, v in fps.items()}
+    return out
+
+
+@dataclass
+class _Context:
+    out: Path
+    options: ConvertOptions
+    light: object  # VerifyOptions
+    full: object
+    previous: Dict[str, dict]
+    force: bool
+    programs: Programs
+
+
+def _base_entry(item: Item) -> dict:
+    return {"source": item.rel, "behavior": item.behavior, "step": item.step, "reward": item.reward,
+            "creation_time": item.creation_time, "creation_time_utc": _iso(item.creation_time),
+            "listed": item.listed, "kind": item.kind, "stem": item.stem,
+            "profile": ("full" if item.newest else "batch") if item.kind != "checkpoint" else None,
+            "tool_version": __version__}
+
+
+def _outputs_intact(out: Path, prev: dict) -> bool:
+    outs = prev.get("outputs") or {}
+    if not outs:
+        return False
+    for a in outs.values():
+        p = out / a["file"]
+        if _sha_file(p) != a.get("sha256"):
+            return False
+    return True
+
+
+def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool:
+    if ctx.force or not prev or prev.get("status") != OK:
+        return False
+    if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.stem:
+        return False
+    if item.newest and ctx.options.verify and prev.get("profile") != "full":
+        return False
+    return _outputs_intact(ctx.out, prev)
+
+
+def _skipped(entry: dict, prev: dict) -> dict:
+    keep = {k: prev.get(k) for k in ("source_sha256", "source_bytes", "global_step", "spec", "reference", "outputs",
+                                     "verify", "profile", "seconds", "same_as", "same_as_sha256")}
+    entry.update({k: v for k, v in keep.items() if v is not None})
+    entry.update(status=prev["status"], run=SKIPPED)
+    return entry
+
+
+def convert_item(item: Item, ctx: _Context, data: Optional[bytes] = None, sha: Optional[str] = None,
+                 ckpt=None) -> dict:
+    """Convert, export and verify one checkpoint; returns its manifest entry (nothing else is kept)."""
+    from .converter import policy_bytes, policy_from_checkpoint
+    from .exporters.onnx_export import build_onnx, model_bytes
+    from .verify import verify
+
+    t0 = time.perf_counter()
+    entry = _base_entry(item)
+    o = ctx.options
+    try:
+        if ckpt is None:
+            data = item.path.read_bytes()
+            sha = hashlib.sha256(data).hexdigest()
+            entry.update(source_sha256=sha, source_bytes=len(data))
+            prev = ctx.previous.get(item.rel)
+            if _can_skip(prev, sha, item, ctx):
+                entry = _skipped(entry, prev)
+                entry["seconds_this_run"] = round(time.perf_counter() - t0, 3)
+                return entry
+            ckpt = read_checkpoint(item.path, data, sha)
+        else:
+            entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
+        data = None
+        entry["global_step"] = ckpt.global_step
+        conv = policy_from_checkpoint(ckpt, obs_sizes=o.obs_sizes)
+        reference = default_reference(item.path)
+        official = load_reference(reference) if reference else None
+        if official is not None and o.obs_sizes is None and not conv.policy.spec.normalize:
+            # as pipeline.convert_one: normalize:false keeps no per-observation tensors
+            sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in official.graph.input if d.name.startswith("obs_")]
+            if len(sizes) > 1 and sum(sizes) == conv.policy.spec.obs_total:
+                conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
+        policy = conv.policy
+        spec = policy.spec
+        entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
+        entry["reference"] = reference.name if reference else None
+
+        blobs = [("safetensors", SUFFIX_POLICY, policy_bytes(policy.tensors, policy.metadata))]
+        model = build_onnx(policy, opset=o.opset)
+        blobs.append(("onnx", SUFFIX_ONNX, model_bytes(model)))
+        if o.program:
+            blobs.append(("pt2", SUFFIX_PROGRAM, ctx.programs.program(policy)))
+        outputs = {}
+        for kind, suffix, b in blobs:
+            p = ctx.out / f"{item.stem}{suffix}"
+            write_atomic(p, b)
+            outputs[kind] = {"file": p.name, "sha256": hashlib.sha256(b).hexdigest()}
+        blobs = b = None
+        entry["outputs"] = outputs
+        entry["status"] = OK
+        if o.verify:
+            pt2 = ctx.out / f"{item.stem}{SUFFIX_PROGRAM}" if o.program else None
+            extra = []
+            use_engine_pt2 = pt2 is not None and (item.newest or ctx.programs.template(spec) is None)
+            if pt2 is not None and not use_engine_pt2:
+                extra.append((f"saved program {pt2.name} (cpu, weights read back from the file, graph loaded "
+                              "once per architecture)", ctx.programs.check_module(spec, pt2)))
+            golden = ctx.out / f"{item.stem}{SUFFIX_GOLDEN}"
+            rep = verify(policy, model, subject=f"{item.stem} ({item.path.name})", checkpoint=ckpt,
+                         policy_file_name=f"{item.stem}{SUFFIX_POLICY}", official=official, official_path=reference,
+                         pt2_path=pt2 if use_engine_pt2 else None, options=ctx.full if item.newest else ctx.light,
+                         write_golden=golden, extra_modules=extra)
+            if official is None:
+                rep.notes.insert(0, f"no official ONNX found beside {item.path.name} "
+                                    f"({item.path.with_suffix('.onnx').name})")
+            rep.notes.append(_profile_note(item.newest, ctx))
+            rep_dict = rep.to_dict()
+            text = (json.dumps(rep_dict, indent=2, sort_keys=False) + "\n").encode()
+            rp = ctx.out / f"{item.stem}{SUFFIX_REPORT}"
+            write_atomic(rp, text)
+            outputs["report"] = {"file": rp.name, "sha256": hashlib.sha256(text).hexdigest()}
+            outputs["golden"] = {"file": golden.name, "sha256": _sha_file(golden)}
+            v = {"verdict": rep.verdict, "ok": rep.ok, "first_failure": rep.first_failure()}
+            v.update(_key_figures(rep_dict))
+            entry["verify"] = v
+            if not rep.ok:
+                entry["status"] = VERIFY_FAILED
+                entry["error"] = f"verification failed: {rep.first_failure()}"
+        entry["run"] = CONVERTED if entry["status"] == OK else FAILED
+    except Exception as exc:  # one bad checkpoint never stops the others
+        entry.update(status=ERROR, run=FAILED, error=_one_line(exc, item.path))
+    entry["seconds"] = round(time.perf_counter() - t0, 3)
+    return entry
+
+
+def _profile_note(full: bool, ctx: _Context) -> str:
+    if full:
+        return "batch: newest checkpoint of its behavior, full verification profile"
+    lv = ctx.light
+    return (f"batch verification profile: checks 1-3 in full ({lv.rows} probe rows), module "
+            f"{'/'.join(lv.dtypes)} on {', '.join(lv.devices) if lv.devices else 'every device present'}, "
+            f"fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps; float16/bfloat16 and 128-step "
+            "fingerprints on the newest checkpoint only")
+
+
+def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) -> dict:
+    """checkpoint.pt: recorded as ``same_as`` the step entry whose Policy it equals, else converted."""
+    t0 = time.perf_counter()
+    entry = _base_entry(item)
+    try:
+        data = item.path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        entry.update(source_sha256=sha, source_bytes=len(data))
+        prev = ctx.previous.get(item.rel)
+        if (not ctx.force and prev and prev.get("status") == SAME_AS and prev.get("source_sha256") == sha
+                and prev.get("tool_version") == __version__):
+            for cand, cand_entry in candidates:
+                if (cand.stem == prev.get("same_as") and cand_entry.get("status") == OK
+                        and cand_entry.get("source_sha256") == prev.get("same_as_sha256")):
+                    entry.update(status=SAME_AS, run=SKIPPED, same_as=cand.stem, same_as_source=cand.rel,
+                                 same_as_sha256=cand_entry["source_sha256"], step=cand.step, reward=cand.reward,
+                                 seconds=round(time.perf_counter() - t0, 3))
+                    return entry
+        ckpt = read_checkpoint(item.path, data, sha)
+        data = None
+        entry["global_step"] = ckpt.global_step
+        # the step file of its own global step first, then the newest of the folder (candidates[0])
+        order = [ce for ce in candidates if ckpt.global_step is not None and ce[0].step == ckpt.global_step]
+        order += [ce for ce in candidates[:1] if ce not in order]
+        for cand, cand_entry in order:
+            if cand_entry.get("status") not in (OK, VERIFY_FAILED):
+                continue
+            if _same_policy(ckpt.policy, _policy_state(cand.path)):
+                entry.update(status=SAME_AS, run=CHECKED, same_as=cand.stem, same_as_source=cand.rel,
+                             same_as_sha256=cand_entry.get("source_sha256"), step=cand.step,
+                             reward=cand.reward if item.reward is None else item.reward,
+                             seconds=round(time.perf_counter() - t0, 3))
+                if cand_entry.get("status") != OK:
+                    entry["error"] = f"same as {cand.stem}, which failed verification"
+                return entry
+        entry["profile"] = "batch"
+        res = convert_item(item, ctx, ckpt=ckpt)
+        res["note"] = "checkpoint.pt matches no step checkpoint: converted as its own entry"
+        res["seconds"] = round(time.perf_counter() - t0, 3)
+        return res
+    except Exception as exc:
+        entry.update(status=ERROR, run=FAILED, error=_one_line(exc, item.path),
+                     seconds=round(time.perf_counter() - t0, 3))
+        return entry
+
+
+def _same_policy(a: Optional[dict], b: Optional[dict]) -> bool:
+    """Bitwise equality of two Policy state dicts (same keys, dtypes, shapes and bytes)."""
+    import torch
+
+    if a is None or b is None or sorted(a) != sorted(b):
+        return False
+    for k, x in a.items():
+        y = b[k]
+        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape):
+            return False
+        bx = x.detach().contiguous().reshape(-1).view(torch.uint8)
+        by = y.detach().contiguous().reshape(-1).view(torch.uint8)
+        if not torch.equal(bx, by):
+            return False
+    return True
+
+
+# --- the manifest -------------------------------------------------------------------------------
+CSV_COLUMNS = ("behavior", "step", "reward", "creation_time_utc", "source", "source_sha256", "stem", "status", "run",
+               "same_as", "profile", "verdict", "module_max_abs_cpu_float32", "outputs_bitwise", "safetensors_sha256",
+               "onnx_sha256", "pt2_sha256", "report_sha256", "golden_sha256", "seconds", "error")
+
+
+def _csv_bytes(entries: List[dict]) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for e in entries:
+        v = e.get("verify") or {}
+        mx = (v.get("module_max_abs") or {}).get("cpu float32")
+        ob = v.get("outputs_bitwise")
+        row = {"verdict": v.get("verdict"), "module_max_abs_cpu_float32": "" if mx is None else f"{mx:.3g}",
+               "outputs_bitwise": f"{ob[0]}/{ob[1]}" if ob else ""}
+        for kind, _ in KINDS:
+            row[f"{kind}_sha256"] = ((e.get("outputs") or {}).get(kind) or {}).get("sha256")
+        w.writerow(["" if row.get(c, e.get(c)) is None else row.get(c, e.get(c)) for c in CSV_COLUMNS])
+    return buf.getvalue().encode()
+
+
+def _summary(entries: List[dict], seconds: float, jobs: int) -> dict:
+    n = len(entries)
+    converted = sum(1 for e in entries if e.get("run") == CONVERTED)
+    skipped = sum(1 for e in entries if e.get("run") == SKIPPED)
+    failed = [e for e in entries if e.get("status") in (ERROR, MISSING, VERIFY_FAILED)]
+    same = sum(1 for e in entries if e.get("status") == SAME_AS)
+    have = sum(1 for e in entries if e.get("status") in (OK, VERIFY_FAILED))
+    rewarded = [e for e in entries if e.get("status") == OK and isinstance(e.get("reward"), (int, float))]
+    best = max(rewarded, key=lambda e: (e["reward"], e.get("step") or -1), default=None)
+    if not failed:
+        code = EXIT_OK
+    elif have == 0:
+        code = EXIT_BAD_INPUT
+    else:
+        code = EXIT_VERIFY_FAILED
+    return {"checkpoints": n, "converted": converted, "skipped": skipped, "failed": len(failed), "same_as": same,
+            "verification_failed": sum(1 for e in entries if e.get("status") == VERIFY_FAILED),
+            "best_reward": best["reward"] if best else None, "best_step": best.get("step") if best else None,
+            "best_stem": best["stem"] if best else None,
+            "failures": [{"source": e["source"], "error": e.get("error")} for e in failed],
+            "seconds": round(seconds, 3), "ms_per_checkpoint": round(1000 * seconds / n, 1) if n else None,
+            "jobs": jobs, "tool_version": __version__, "ok": code == EXIT_OK, "exit_code": code}
+
+
+class Manifest:
+    def __init__(self, out: Path, header: dict):
+        self.out = out
+        self.header = header
+        self.entries: Dict[str, dict] = {}
+        self.order: Dict[str, int] = {}
+        self._last = 0.0
+
+    def sorted_entries(self) -> List[dict]:
+        return [self.entries[k] for k in sorted(self.entries, key=lambda k: self.order[k])]
+
+    def document(self, summary: Optional[dict]) -> dict:
+        doc = dict(self.header)
+        doc["checkpoints"] = self.sorted_entries()
+        doc["summary"] = summary
+        return doc
+
+    def write(self, summary: Optional[dict] = None, csv_too: bool = False) -> None:
+        text = json.dumps(self.document(summary), indent=2) + "\n"
+        if csv_too:
+            write_atomic(self.out / MANIFEST_CSV, _csv_bytes(self.sorted_entries()), fsync=True)
+        write_atomic(self.out / MANIFEST_JSON, text.encode(), fsync=True)
+        _fsync_dir(self.out)
+        self._last = time.monotonic()
+
+    def maybe_write(self) -> None:
+        if time.monotonic() - self._last >= MANIFEST_INTERVAL_S:
+            self.write()
+
+
+def _previous(out: Path, header: dict) -> Tuple[Dict[str, dict], Optional[str]]:
+    p = out / MANIFEST_JSON
+    if not p.is_file():
+        return {}, None
+    try:
+        doc = json.loads(p.read_text())
+        if doc.get("format") != MANIFEST_FORMAT or doc.get("format_version") != MANIFEST_FORMAT_VERSION:
+            return {}, f"{p}: not a batch manifest of this version; redoing every checkpoint"
+    except (OSError, ValueError) as exc:
+        return {}, f"{p}: unreadable ({type(exc).__name__}); redoing every checkpoint"
+    if doc.get("options") != header["options"]:
+        return {}, None  # other options: everything is redone
+    return {e["source"]: e for e in doc.get("checkpoints", []) if isinstance(e, dict) and "source" in e}, None
+
+
+# --- the command --------------------------------------------------------------------------------
+def _default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _options_record(o: ConvertOptions, light, full) -> dict:
+    def vo(v):
+        return {"rows": v.rows, "seed": v.seed, "dtypes": list(v.dtypes), "devices": list(v.devices) if v.devices else None,
+                "fingerprint_steps": list(v.fingerprint_steps), "atol": dict(v.atol), "cosine": dict(v.cosine)}
+
+    return {"opset": o.opset, "obs_sizes": list(o.obs_sizes) if o.obs_sizes else None, "program": o.program,
+            "verify": o.verify, "verify_batch": vo(light) if o.verify else None,
+            "verify_newest": vo(full) if o.verify else None}
+
+
+def batch_profiles(options: ConvertOptions):
+    """(batch profile, full profile) of VerifyOptions for a run directory."""
+    from .verify import VerifyOptions
+
+    full = options.verify_options or VerifyOptions()
+    dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
+    light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS)
+    return light, full
+
+
+def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optional[int] = None, force: bool = False,
+              as_json: bool = False) -> int:
+    """Convert every checkpoint under ``source`` into ``out``; returns the exit code."""
+    import torch
+
+    t0 = time.perf_counter()
+    o = options or ConvertOptions()
+    source, out = Path(source), Path(out)
+    if o.reference:
+        raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "
+                         "against its own <stem>.onnx", o.reference)
+    root, status, items, warnings = discover(source, out)
+    if not items:
+        raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
+    out.mkdir(parents=True, exist_ok=True)
+    clean_stale_temporaries(out)
+    jobs = max(1, int(jobs or _default_jobs()))
+    light, full = batch_profiles(o)
+    header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
+              "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
+              "source": str(source), "run_dir": str(root), "training_status": str(status) if status else None,
+              "found_by": "run_logs/training_status.json" if status else "file names",
+              "layout": "out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}",
+              "options": _options_record(o, light, full),
+              "verification": {
+                  "newest_of_each_behavior": "full profile (as a single conversion)",
+                  "others": _profile_note(False, _Context(out, o, light, full, {}, force, None)) if o.verify else None}}
+    previous, warn = _previous(out, header) if not force else ({}, None)
+    warnings += [warn] if warn else []
+    for w in warnings:
+        click.echo(f"huggy-convert: warning: {w}", err=True)
+    programs = Programs()
+    ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, programs=programs)
+    manifest = Manifest(out, header)
+    for i, it in enumerate(items):
+        manifest.order[it.rel] = i
+    results: Dict[str, dict] = {}
+    show_bar = not as_json and sys.stdout.isatty()
+
+    def report(entry: dict) -> None:
+        manifest.entries[entry["source"]] = entry
+        if entry.get("status") in (ERROR, MISSING):
+            click.echo(f"huggy-convert: error: {entry.get('error')}", err=True)
+        elif entry.get("status") == VERIFY_FAILED:
+            click.echo(f"huggy-convert: verification failed: {entry['stem']}: {(entry.get('verify') or {}).get('first_failure')}",
+                       err=True)
+        manifest.maybe_write()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one torch thread per worker: the workers are the parallelism
+    aliases = [it for it in items if it.kind == "checkpoint"]
+    work = [it for it in items if it.kind != "checkpoint"]
+    bar_ctx = click.progressbar(length=len(items), label=f"converting {len(items)} checkpoints", file=sys.stdout) \
+        if show_bar else None
+    bar = bar_ctx.__enter__() if bar_ctx else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="huggy-batch") as pool:
+            def run(tasks):
+                pending = set()
+                queue = list(tasks)
+                queue.reverse()
+                while queue or pending:
+                    while queue and len(pending) < 2 * jobs:
+                        fn, args = queue.pop()
+                        pending.add(pool.submit(fn, *args))
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        entry = f.result()
+                        results[entry["source"]] = entry
+                        report(entry)
+                        if bar:
+                            bar.update(1)
+
+            tasks = []
+            for it in work:
+                if it.missing:
+                    e = _base_entry(it)
+                    e.update(status=MISSING, run=FAILED, error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no "
+                                                               f"such file under {source}")
+                    results[it.rel] = e
+                    report(e)
+                    if bar:
+                        bar.update(1)
+                    continue
+                tasks.append((convert_item, (it, ctx)))
+            run(tasks)
+            tasks = []
+            for it in aliases:
+                folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
+                newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
+                cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
+                tasks.append((check_alias, (it, ctx, cands)))
+            run(tasks)
+    finally:
+        torch.set_num_threads(threads)
+        if bar_ctx:
+            bar_ctx.__exit__(None, None, None)
+        entries = manifest.sorted_entries()
+        summary = _summary(entries, time.perf_counter() - t0, jobs) if len(entries) == len(items) else None
+        if summary is not None:
+            summary["warnings"] = warnings + programs.notes
+        manifest.write(summary, csv_too=summary is not None)
+    if as_json:
+        click.echo(json.dumps(dict(summary, manifest=str(out / MANIFEST_JSON)), indent=2))
+    else:
+        s = summary
+        click.echo(f"{source} -> {out}/: {s['checkpoints']} checkpoints ({header['found_by']}): {s['converted']} converted, "
+                   f"{s['skipped']} skipped, {s['failed']} failed, {s['same_as']} same as another")
+        if s["best_reward"] is not None:
+            click.echo(f"  best reward {s['best_reward']:.4g} at step {s['best_step']} ({s['best_stem']})")
+        click.echo(f"  manifest: {out / MANIFEST_JSON}, {out / MANIFEST_CSV}")
+        click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {jobs} workers)")
+    return summary["exit_code"]

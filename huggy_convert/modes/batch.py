@@ -1,0 +1,69 @@
+"""``batch``: batch sizes 16..512, time per size and stability of rows across sizes."""
+from __future__ import annotations
+
+import time
+from typing import Dict, Sequence
+
+import numpy as np
+
+from .common import ModeResult, compact_stats, g, is_bitwise, tolerance, within
+from .sources import Source, deterministic_names, make_feed, make_runner
+from ..verify.compare import array_stats
+
+BATCH_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
+          sizes: Sequence[int] = BATCH_SIZES, seed: int = 0, repeats: int = 5) -> ModeResult:
+    """Run the largest batch once as the reference, then every size on its first rows: row i of a
+    smaller batch must equal row i of the largest (max abs within the dtype's tolerance; bitwise
+    reported). Times: median of ``repeats`` runs after one warm-up."""
+    sizes = sorted({int(s) for s in sizes})
+    if not sizes or sizes[0] < 1:
+        from ..errors import InputError
+
+        raise InputError(f"batch sizes must be positive integers, got {list(sizes)}")
+    runner = make_runner(src, device, dtype, runtime)
+    big = sizes[-1]
+    feed = make_feed(src, "random", big, seed)
+    names = deterministic_names(src.spec)
+    ref = runner.deterministic(feed)
+    tol = tolerance(runner.dtype)
+    r = ModeResult("batch")
+    rows, times = [], {}
+    for n in sizes:
+        sub = {k: np.ascontiguousarray(v[:n]) for k, v in feed.items()}
+        runner.deterministic(sub)  # warm-up
+        ts = []
+        out = None
+        for _ in range(max(repeats, 1)):
+            t0 = time.perf_counter()
+            out = runner.deterministic(sub)
+            ts.append(time.perf_counter() - t0)
+        per = {}
+        ok = True
+        for k in names:
+            s = array_stats(ref[k][:n], out[k])
+            per[k] = compact_stats(s)
+            ok = ok and within(s, tol.atol)
+            per[k]["bitwise"] = is_bitwise(s)
+        rows.append({"batch": n, "ok": ok, "outputs": per})
+        times[str(n)] = {"median_ms": float(np.median(ts) * 1e3), "per_row_us": float(np.median(ts) * 1e6 / n)}
+        r.ok = r.ok and ok
+    r.data = {"source": src.label, "runtime": runner.runtime, "device": runner.device, "dtype": runner.dtype,
+              "seed": seed, "sizes": sizes, "reference_batch": big, "atol": tol.atol, "results": rows}
+    r.timings = {"per_batch": times, "build_s": runner.build_seconds}
+    r.lines.append(f"batch {src.label}: {runner.label}; row i of each batch vs row i of batch {big} "
+                   f"(atol {g(tol.atol)})")
+    for row in rows:
+        n = row["batch"]
+        parts = []
+        for k, s in row["outputs"].items():
+            if "mismatches" in s:
+                parts.append(f"{k} {s['bitwise_equal']}/{s['count']} equal")
+            else:
+                parts.append(f"{k} max_abs {g(s['max_abs'], 3)} {'bitwise' if s['bitwise'] else 'not bitwise'}")
+        t = times[str(n)]
+        r.lines.append(f"  {'✓' if row['ok'] else '✗'} {n:>4}: {'; '.join(parts)}   "
+                       f"[{t['median_ms']:.3f} ms, {t['per_row_us']:.2f} µs/row]")
+    return r

@@ -1,0 +1,106 @@
+"""``benchmark``: load time, warm-up, then mean / p50 / p95 / p99 latency and memory, per device
+and runtime (torch eager, onnxruntime)."""
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import HuggyError
+from .common import ModeResult, percentiles, rss_bytes, time_calls
+from .sources import (KIND_ONNX, RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
+                      make_runner)
+
+RUNTIMES = (RUNTIME_TORCH, RUNTIME_ORT)
+
+
+def _cuda_reset(dev: str) -> None:
+    if dev.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def _cuda_peak(dev: str) -> Optional[float]:
+    if dev.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(dev)
+        return torch.cuda.max_memory_allocated(dev) / 2 ** 20
+    return None
+
+
+def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[str] = RUNTIMES,
+              batches: Sequence[int] = (1, 64), dtype: str = "float32", warmup: int = 10, iters: int = 100,
+              seed: int = 0, src: Optional[Source] = None) -> ModeResult:
+    """For each device x runtime: load time (file -> ready runner: read + build module / session),
+    ``warmup`` untimed calls, then ``iters`` timed calls per batch size (host-side wall time, outputs
+    copied back to the host); peak memory as the RSS delta over load + runs and, on CUDA,
+    torch.cuda.max_memory_allocated. Every figure here is a timing (``timings`` in JSON)."""
+    path = Path(path)
+    devices = list(devices) if devices else devices_present()
+    first = src or load_source(path)
+    r = ModeResult("benchmark")
+    rows: List[Dict] = []
+    for dev in devices:
+        for rt in runtimes:
+            row: Dict = {"device": dev, "runtime": rt, "dtype": dtype}
+            if rt == RUNTIME_TORCH and first.kind == KIND_ONNX:
+                row["skipped"] = "torch eager is not available for an ONNX input (no canonical tensors)"
+                rows.append(row)
+                continue
+            gc.collect()
+            rss0 = rss_bytes()
+            try:
+                if dev.startswith("cuda") and rt == RUNTIME_TORCH:
+                    from ..exporters.devices import resolve_device
+
+                    _cuda_reset(resolve_device(dev))
+                t0 = time.perf_counter()
+                s = load_source(path) if src is None else src
+                runner = make_runner(s, dev, dtype, rt)
+                load_s = (time.perf_counter() - t0) if src is None else s.load_seconds + runner.build_seconds
+            except HuggyError as exc:
+                row["skipped"] = exc.message
+                rows.append(row)
+                continue
+            row["resolved"] = runner.device
+            row["load_s"] = load_s
+            row["batches"] = {}
+            finite = True
+            for n in batches:
+                feed = make_feed(s, "random", int(n), seed)
+                out = runner.deterministic(feed)
+                finite = finite and all(np.all(np.isfinite(v)) for v in out.values() if v.dtype.kind == "f")
+                ts = time_calls(lambda: runner.deterministic(feed), warmup, iters)
+                row["batches"][str(n)] = percentiles(ts)
+            row["rss_delta_mb"] = (rss_bytes() - rss0) / 2 ** 20
+            peak = _cuda_peak(runner.device) if rt == RUNTIME_TORCH else None
+            if peak is not None:
+                row["cuda_max_memory_allocated_mb"] = peak
+            row["outputs_finite"] = finite
+            r.ok = r.ok and finite
+            rows.append(row)
+            del runner
+    r.data = {"source": first.label, "kind": first.kind, "devices": devices, "runtimes": list(runtimes),
+              "batches": [int(b) for b in batches], "dtype": dtype, "warmup": warmup, "iters": iters,
+              "ran": [{"device": x["device"], "runtime": x["runtime"], "ok": x.get("outputs_finite"),
+                       "skipped": x.get("skipped")} for x in rows]}
+    r.timings = {"rows": rows}
+    r.lines.append(f"benchmark {first.label}: {dtype}, warm-up {warmup}, {iters} timed calls per batch size")
+    r.lines.append(f"  {'device':<8} {'runtime':<12} {'batch':>5} {'mean':>9} {'p50':>9} {'p95':>9} {'p99':>9}  load, memory")
+    for x in rows:
+        if "skipped" in x:
+            r.lines.append(f"  {x['device']:<8} {x['runtime']:<12} skipped: {x['skipped']}")
+            continue
+        for n, p in x["batches"].items():
+            mem = f"load {x['load_s'] * 1e3:.1f} ms, RSS +{x['rss_delta_mb']:.1f} MiB"
+            if "cuda_max_memory_allocated_mb" in x:
+                mem += f", cuda peak {x['cuda_max_memory_allocated_mb']:.1f} MiB"
+            r.lines.append(f"  {x['device']:<8} {x['runtime']:<12} {n:>5} {p['mean_ms']:8.3f}ms {p['p50_ms']:8.3f}ms "
+                           f"{p['p95_ms']:8.3f}ms {p['p99_ms']:8.3f}ms  {mem}")
+    return r

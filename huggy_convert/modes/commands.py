@@ -1,0 +1,281 @@
+"""Click wiring of the run modes (logic lives in the mode modules)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .. import contract as C
+from ..errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
+from .sources import DTYPES
+
+DEVICE_HELP = "cpu, cuda[:i], npu[:i] or auto (npu, then cuda, then cpu)"
+RUNTIMES = ("auto", "torch", "onnxruntime")
+
+
+def guarded(fn, as_json: bool = False, mode: str = "") -> None:
+    """Run a mode: print its result (text or JSON), exit 0 / 1 (a check failed) / 2 (bad input:
+    one line on stderr naming the file)."""
+    try:
+        res = fn()
+    except HuggyError as e:
+        click.echo(f"huggy-convert: error: {e.one_line()}", err=True)
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": e.one_line(), "exit_code": e.exit_code}))
+        sys.exit(e.exit_code)
+    click.echo(res.to_json() if as_json else res.render())
+    if not res.ok:
+        click.echo(f"huggy-convert: {mode or res.mode}: a check failed (see above)", err=True)
+    sys.exit(EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+
+def _opts(*decorators):
+    def deco(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return deco
+
+
+source_arg = click.argument("source", type=click.Path(path_type=Path), metavar="SOURCE")
+device_opt = click.option("--device", default="cpu", show_default=True, metavar="DEV", help=DEVICE_HELP)
+devices_opt = click.option("--device", "devices", multiple=True, metavar="DEV",
+                           help=f"{DEVICE_HELP}; repeatable (default: every device present)")
+dtype_opt = click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES),
+                         help="weights dtype of the torch module (an ONNX runs in float32 only)")
+runtime_opt = click.option("--runtime", default="auto", show_default=True, type=click.Choice(RUNTIMES),
+                           help="auto: torch eager for .pt/.safetensors, onnxruntime for .onnx; onnxruntime on a "
+                                "policy runs the ONNX rebuilt from it")
+json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+seed_opt = click.option("--seed", default=0, show_default=True, type=int, help="seed of the generated inputs")
+obs_opt = click.option("--obs", default="random", show_default=True, metavar="random|zeros|probes|FILE",
+                       help="random: seeded, at the normalizer's scale; zeros; probes: verify's probes; or a file: "
+                            ".npy (rows x obs width), .npz / .json object by input name (obs_0, obs_1, action_masks, "
+                            "recurrent_in), .json list of rows")
+rows_opt = click.option("--rows", default=1, show_default=True, type=int, help="rows of generated observations")
+
+SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."
+
+
+def _load(source):
+    from .sources import load_source
+
+    return load_source(source)
+
+
+@click.command("info")
+@source_arg
+@click.option("--device", default="auto", show_default=True, metavar="DEV", help=DEVICE_HELP)
+@dtype_opt
+@json_opt
+def info_cmd(source, device, dtype, as_json):
+    """Spec, parameter counts, normalizer summary, checkpoint inventory (run directory) and environment.
+
+    SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
+    from .info import info
+
+    guarded(lambda: info(source, device=device, dtype=dtype), as_json)
+
+
+@click.command("act")
+@source_arg
+@_opts(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
+    """Deterministic actions for --obs random --seed N, --obs zeros or an observation file."""
+    from .actions import act
+
+    guarded(lambda: act(_load(source), device, dtype, runtime, obs, rows, seed), as_json)
+
+
+@click.command("sample")
+@source_arg
+@_opts(obs_opt, rows_opt)
+@click.option("--seed", default=0, show_default=True, type=int, help="noise seed (drawn on the CPU: the same on every device)")
+@click.option("--obs-seed", default=0, show_default=True, type=int, help="seed of --obs random")
+@_opts(device_opt, dtype_opt, runtime_opt, json_opt)
+def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_json):
+    """Stochastic actions for a seed, the same on every device (noise drawn on the CPU). An ONNX
+    runs with its RandomNormalLike replaced by the same noise."""
+    from .actions import sample
+
+    guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
+
+
+@click.command("batch")
+@source_arg
+@click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
+@click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
+@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+def batch_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
+    """Batch sizes 16..512: time per size, and row i of every batch vs row i of the largest
+    (max abs diff within the dtype's tolerance; bitwise reported). Exit 1 when unstable."""
+    from ..errors import InputError
+    from .batch import batch
+
+    def go():
+        try:
+            ns = [int(s) for s in sizes.split(",") if s.strip()]
+        except ValueError:
+            raise InputError(f"--sizes '{sizes}' is not a comma-separated list of integers") from None
+        return batch(_load(source), device, dtype, runtime, ns, seed, repeats)
+
+    guarded(go, as_json)
+
+
+@click.command("precision")
+@source_arg
+@devices_opt
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
+              help="repeatable (default: float32, float16, bfloat16)")
+@click.option("--rows", default=64, show_default=True, type=int, help="probe rows")
+@_opts(seed_opt, runtime_opt, json_opt)
+def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
+    """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
+    max abs). float32 and float16 over verify's tolerances fail (exit 1); bfloat16 over its
+    threshold is reported as not-for-production."""
+    from .precision import precision
+
+    guarded(lambda: precision(_load(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime),
+            as_json)
+
+
+@click.command("onnx-compare")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="SOURCE [ONNX]...")
+@click.option("--rows", multiple=True, type=int, help="probe batch sizes, repeatable (default 64)")
+@click.option("--bitwise", is_flag=True, help="require bitwise equality on every float output (default: max_abs <= 1e-6)")
+@click.option("--device", default="cpu", show_default=True, metavar="DEV", help="onnxruntime device (cpu, cuda EP)")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES), help="float32 only")
+@_opts(seed_opt, json_opt)
+def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
+    """Compare ONNX files with our reference: the ONNX rebuilt from the policy, both in
+    onnxruntime on the same seeded probes; per-output stats. Give a policy (.pt/.safetensors)
+    and ONNX files; a policy alone compares the official <stem>.onnx beside it; an ONNX alone is
+    compared with the <stem>.pt beside it. Exit 1 when an output differs."""
+    from ..errors import DeviceError
+    from .compare import onnx_compare_paths
+
+    def go():
+        if dtype != "float32":
+            raise DeviceError(f"--dtype {dtype} is not available for onnx-compare: ONNX files run in float32")
+        return onnx_compare_paths(inputs, rows=list(rows) or [64], seed=seed, device=device, bitwise=bitwise)
+
+    guarded(go, as_json)
+
+
+@click.command("fingerprint")
+@source_arg
+@click.option("--steps", multiple=True, type=int, help="sequence lengths, repeatable (default 64 and 128)")
+@click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order; exit 1 on a mismatch")
+@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json):
+    """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5),
+    each run twice: exit 1 if a fingerprint changes between runs or differs from --expect."""
+    from .fingerprint import STEPS, fingerprint
+
+    guarded(lambda: fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect)), as_json)
+
+
+@click.command("stats")
+@source_arg
+@click.option("--steps", default=256, show_default=True, type=int, help="rollout length")
+@click.option("--rows", default=8, show_default=True, type=int, help="parallel rollouts")
+@click.option("--stochastic", is_flag=True, help="sampled actions (noise seed = seed + 1 + t) instead of deterministic")
+@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_json):
+    """Closed-loop rollout: per-dimension action statistics (mean, std, min, max, fraction at
+    the +-1 clip) and whether the loop stays bounded (exit 1 if not).
+
+    \b
+    Surrogate dynamics, in normalized units u = (obs - mean) / D
+    (mean, D = sqrt(running_variance / steps) of the normalizer; 0 and 1 without one):
+      u_0     ~ N(0, I)
+      obs_t   = mean + D * u_t
+      a_t     = policy(obs_t)
+      u_{t+1} = clip(0.9 * u_t + 0.5 * pad(clip(a_t, -1, 1)) + 0.1 * xi_t, -10, 10)
+    pad tiles the action values over the observation width (discrete choice k of n
+    -> 2k/(n-1) - 1); xi_t ~ N(0, I); all draws from numpy default_rng(seed).
+    Bounded: every action finite and |u| never reaches 10."""
+    from ..errors import InputError
+    from .stats import rollout
+
+    def go():
+        if steps < 1 or rows < 1:
+            raise InputError("--steps and --rows must be at least 1")
+        return rollout(_load(source), device, dtype, runtime, steps, rows, seed, stochastic)
+
+    guarded(go, as_json)
+
+
+@click.command("benchmark")
+@source_arg
+@devices_opt
+@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(("torch", "onnxruntime")),
+              help="repeatable (default: both)")
+@click.option("--batch", "batches", multiple=True, type=int, help="batch sizes, repeatable (default 1 and 64)")
+@click.option("--warmup", default=10, show_default=True, type=int)
+@click.option("--iters", default=100, show_default=True, type=int)
+@_opts(dtype_opt, seed_opt, json_opt)
+def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed, as_json):
+    """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
+    torch.cuda.max_memory_allocated) per device and runtime."""
+    from .benchmark import RUNTIMES as ALL, benchmark
+
+    guarded(lambda: benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
+                              dtype, warmup, iters, seed), as_json)
+
+
+@click.command("export")
+@source_arg
+@click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
+              show_default=True, help="9 = ML-Agents/Barracuda; 11-15 for Ascend ATC; 7-15 Sentis")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
+@click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
+@click.option("--rows", default=64, show_default=True, type=int, help="probe rows for the reference check")
+@_opts(seed_opt, device_opt, dtype_opt, json_opt)
+def export_cmd(source, opset, out, noise_input, rows, seed, device, dtype, as_json):
+    """Write an ONNX at --opset, check it with onnx.checker (full_check) and against the reference
+    (opset-9 rebuild in onnxruntime). From an ONNX input only the same opset can be written: a
+    different one needs the canonical tensors (exit 2)."""
+    from .export import export
+
+    guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed), as_json)
+
+
+@click.command("matrix")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=Path("huggy-matrix"), show_default=True,
+              help="folder for matrix.log, matrix.json and the files the cases write")
+@click.option("--quick", is_flag=True, help="only the cases that take seconds (latency-heavy ones are SKIPPED)")
+@click.option("--fixtures", type=click.Path(path_type=Path), help="fixtures folder (default: the bundled fixtures/)")
+@click.option("--only", multiple=True, metavar="N", help="run only these groups or cases (e.g. 2, 6.1); repeatable")
+@click.option("--list", "list_only", is_flag=True, help="print the numbered listing without running it")
+@json_opt
+def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
+    """The numbered test matrix: 10 groups, every case one line with its number, the equivalent
+    huggy-convert command, figures and a verdict (PASS / FAIL / SKIP; accelerator cases SKIP where
+    none exists). Seeded: two runs print the same figures (latencies are in a separate column).
+    Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
+    from .matrix import list_cases, run_matrix
+
+    if list_only:
+        def listing():
+            from .common import ModeResult
+
+            cases = list_cases(fixtures, out)
+            r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
+                                                "groups": len({c["group"] for c in cases})})
+            r.lines = [f"{c['number']:<5} {c['title']}  [{c['command']}]"
+                       + (f"  (needs {c['needs']})" if c["needs"] else "") + ("" if c["quick"] else "  (not in --quick)")
+                       for c in cases] + [f"{len(cases)} cases in {r.data['groups']} groups"]
+            return r
+
+        guarded(listing, as_json)
+    guarded(lambda: run_matrix(out, quick=quick, fixtures=fixtures, only=list(only), echo=not as_json), as_json)
+
+
+for _cmd in (act_cmd, sample_cmd, batch_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
+    _cmd.help = (_cmd.help or "") + "\n\n" + SOURCE_HELP
+
+COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
+            benchmark_cmd, export_cmd, matrix_cmd)

@@ -1,0 +1,76 @@
+"""``precision``: float32 / float16 / bfloat16 on every device against the CPU float32 reference."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import HuggyError
+from ..verify.compare import array_stats
+from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, g, stats_line, tolerance
+from .sources import (DTYPES, KIND_ONNX, RUNTIME_ORT, Source, deterministic_names, devices_present, make_feed,
+                      make_runner)
+
+
+def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequence[str] = DTYPES,
+              rows: int = 64, seed: int = 0, runtime: str = "auto") -> ModeResult:
+    """Each device x dtype against the CPU float32 reference (torch eager; onnxruntime for an ONNX)
+    on verify's seeded probes. Verdicts use verify's tolerances: float32 max_abs <= 1e-6 and
+    cosine >= 0.999999, float16 <= 1e-2 / >= 0.999; bfloat16 (<= 5e-2 / >= 0.995) is reported and
+    over it marked not-for-production (WARN), not failed. Integer (discrete) outputs must agree
+    exactly in float32; in reduced precision a flipped argmax is a WARN."""
+    devices = list(devices) if devices else devices_present()
+    feed = make_feed(src, "probes", rows, seed)
+    names = deterministic_names(src.spec)
+    ref_runner = make_runner(src, "cpu", "float32", runtime)
+    ref = ref_runner.deterministic(feed)
+    r = ModeResult("precision")
+    results: List[Dict] = []
+    for dev in devices:
+        for dt in dtypes:
+            row: Dict = {"device": dev, "dtype": dt}
+            try:
+                runner = make_runner(src, dev, dt, runtime)
+                got = runner.deterministic(feed)
+            except HuggyError as exc:
+                row.update(status=SKIP, reason=exc.message)
+                results.append(row)
+                continue
+            tol = tolerance(dt)
+            status = PASS
+            outs = {}
+            for k in names:
+                s = array_stats(ref[k], got[k])
+                outs[k] = compact_stats(s)
+                if s.get("mismatches") is not None:
+                    ok = s["mismatches"] == 0 and "shape_mismatch" not in s
+                    bad = FAIL if dt == "float32" else WARN
+                else:
+                    ok = tol.passes(s)
+                    bad = WARN if dt == "bfloat16" else FAIL
+                if not ok:
+                    status = FAIL if FAIL in (status, bad) else WARN
+            row.update(status=status, runtime=runner.runtime, resolved=runner.device, atol=tol.atol,
+                       min_cosine=tol.cosine, outputs=outs)
+            if status == FAIL:
+                r.ok = False
+            results.append(row)
+    r.data = {"source": src.label, "reference": ref_runner.label, "rows": rows, "seed": seed, "probes":
+              "verify.probes.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
+    r.lines.append(f"precision {src.label}: against {ref_runner.label} on {rows} probes (seed {seed})")
+    mark = {PASS: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
+    for row in results:
+        head = f"  {mark[row['status']]} {row['device']:<7} {row['dtype']:<8}"
+        if row["status"] == SKIP:
+            r.lines.append(f"{head} skipped: {row['reason']}")
+            continue
+        parts = []
+        for k, s in row["outputs"].items():
+            parts.append(f"{k}: " + (stats_line(dict(s)) if "mismatches" in s else
+                                      f"cos={s['cosine']:.6f} max_abs={g(s['max_abs'], 3)}"))
+        note = " (over the bf16 threshold: not for production)" if row["status"] == WARN and row["dtype"] == "bfloat16" else ""
+        r.lines.append(f"{head} {'; '.join(parts)}{note}")
+    if src.kind == KIND_ONNX:
+        r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors")
+    return r
+
+
+__all__ = ["precision", "RUNTIME_ORT"]

@@ -1,0 +1,192 @@
+"""Issue 4: verification passes on correct artifacts and fails (exit 1, named problem) on broken ones."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from conftest import HUGGY_RUN, VARIANTS, run_cli, step_checkpoints, variant_names
+from onnx import numpy_helper
+
+from huggy_convert.cli import main
+from huggy_convert.pipeline import ConvertOptions, convert_one
+from huggy_convert.verify import VerifyOptions
+from huggy_convert.verify.compare import ulp_distance
+
+HUGGY = step_checkpoints(HUGGY_RUN)[-1]
+OLDER = step_checkpoints(HUGGY_RUN)[0]
+STEM = HUGGY.stem
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("huggy_out")
+    res = convert_one(HUGGY, out)
+    assert res.report.ok, res.report.render()
+    return out
+
+
+@pytest.fixture
+def out(converted, tmp_path):
+    d = tmp_path / "out"
+    shutil.copytree(converted, d)
+    return d
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _edit_initializer(path, pick, change):
+    m = onnx.load(str(path))
+    t = next(t for t in m.graph.initializer if pick(t.name))
+    a = numpy_helper.to_array(t).copy()
+    a = change(a)
+    t.CopyFrom(numpy_helper.from_array(a.astype(np.float32), t.name))
+    onnx.save(m, str(path))
+    return t.name
+
+
+def test_report_figures_and_environment(converted):
+    rep = json.loads((converted / f"{STEM}.verify.json").read_text())
+    assert rep["ok"] is True and rep["verdict"] == "PASS"
+    env = rep["environment"]
+    for k in ("torch", "onnx", "onnxruntime", "numpy", "execution_provider", "ort_intra_op_threads",
+              "torch_threads", "devices"):
+        assert k in env
+    titles = [c["title"][:2] for c in rep["checks"]]
+    assert titles == ["1 ", "2 ", "3 ", "4 ", "5 "]
+    c3 = rep["checks"][2]
+    det = next(c for c in c3["checks"] if c["title"].startswith("deterministic_continuous_actions [probes]"))
+    f = det["figures"]
+    for k in ("max_abs", "max_rel", "max_ulp", "mean_abs", "p99_abs", "cosine", "bitwise_equal"):
+        assert k in f
+    assert f["bitwise_equal"] == f["count"] == 64 * 21 and f["max_ulp"] == 0
+    c4 = rep["checks"][3]
+    fp32 = next(c for c in c4["checks"] if c["title"] == "cpu float32")
+    assert fp32["status"] == "pass" and fp32["checks"][0]["figures"]["max_abs"] <= 1e-6
+    fps = rep["checks"][4]["figures"]["fingerprints"]
+    assert set(fps) == {"64", "128"} and len(fps["64"]["torch_cpu_float32"]) == 64
+    golden = np.load(converted / f"{STEM}.golden.npz")
+    assert golden["in.obs_0"].shape == (64, 59) and golden["out.deterministic_continuous_actions"].shape == (64, 21)
+
+
+@pytest.mark.parametrize("name", variant_names())
+def test_every_variant_passes(name, tmp_path):
+    ck = step_checkpoints(VARIANTS / name)[-1]
+    res = convert_one(ck, tmp_path, ConvertOptions(verify_options=VerifyOptions(fingerprint_steps=(64,))))
+    assert res.report.ok, res.report.render()
+    assert res.reference == ck.with_suffix(".onnx")
+
+
+def test_verify_dir_rechecks_without_checkpoint_or_official(out):
+    r = invoke("verify", out)
+    assert r.exit_code == 0, r.output
+    assert "golden" in r.output and "verdict: PASS" in r.output
+
+
+def test_verify_with_reference_and_checkpoint_json(out):
+    r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"), "--checkpoint", HUGGY, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and rep["checks"][0]["status"] == "pass"
+
+
+def test_flipped_bit_in_one_initializer_fails(out):
+    name = _edit_initializer(out / f"{STEM}.onnx", lambda n: n.endswith("mu.weight"),
+                             lambda a: (a.view(np.uint32).__setitem__((3, 100), a.view(np.uint32)[3, 100] ^ 1), a)[1])
+    r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"))
+    assert r.exit_code == 1
+    assert f"first difference {name}[3, 100]" in r.stderr and "1 ulp" in r.stderr, r.stderr
+    # even without the official file, the golden outputs catch it
+    r = invoke("verify", out)
+    assert r.exit_code == 1 and "NOT bitwise" in r.stderr
+
+
+def test_two_swapped_nodes_fail(out):
+    p = out / f"{STEM}.onnx"
+    m = onnx.load(str(p))
+    nodes = list(m.graph.node)
+    i = next(k for k, n in enumerate(nodes) if n.op_type == "Sigmoid")
+    nodes[i], nodes[i + 1] = nodes[i + 1], nodes[i]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    onnx.save(m, str(p))
+    r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"))
+    assert r.exit_code == 1
+    assert f"op sequence: differs at node {i}: official Sigmoid" in r.stderr, r.stderr
+
+
+def test_normalizer_written_as_sqrt_var_plus_eps_fails(out, tmp_path):
+    from huggy_convert.converter import load_policy
+
+    pol = load_policy(out / f"{STEM}.safetensors")
+    var = pol.tensors["obs.0.normalizer.variance"]
+    name = _edit_initializer(out / f"{STEM}.onnx", lambda n: n.endswith("divisor"),
+                             lambda a: np.sqrt(var + np.float32(1e-8)))
+    r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"))
+    assert r.exit_code == 1
+    assert name in r.stderr and "ulp" in r.stderr, r.stderr
+
+
+def test_another_checkpoints_official_onnx_fails(out):
+    r = invoke("verify", out, "--reference", OLDER.with_suffix(".onnx"))
+    assert r.exit_code == 1
+    assert "initializers" in r.stderr and "first difference" in r.stderr, r.stderr
+
+
+def test_fp16_program_with_fp16_normalizer_fails(out):
+    from huggy_convert.converter import load_policy
+    from huggy_convert.exporters.torch_module import build_module, export_program, save_program
+
+    pol = load_policy(out / f"{STEM}.safetensors")
+    naive = build_module(pol, dtype="float16", normalizer_dtype="float16")
+    save_program(export_program(naive), out / f"{STEM}.pt2")
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 1
+    assert f"saved program {STEM}.pt2" in r.stderr and "normalizer buffer norm0_var is float16" in r.stderr, r.stderr
+
+
+def test_fp16_module_with_fp16_normalizer_fails_in_the_engine(out):
+    from huggy_convert.converter import load_policy
+    from huggy_convert.exporters.torch_module import build_module
+    from huggy_convert.verify import verify
+
+    pol = load_policy(out / f"{STEM}.safetensors")
+    rep = verify(pol, onnx.load(str(out / f"{STEM}.onnx")), subject="t", golden_path=out / f"{STEM}.golden.npz",
+                 options=VerifyOptions(dtypes=("float16",), fingerprint_steps=()),
+                 extra_modules=[("naive fp16", build_module(pol, dtype="float16", normalizer_dtype="float16"))])
+    assert not rep.ok
+    fail = rep.first_failure()
+    assert fail.startswith("4 torch module") and "naive fp16 › deterministic_continuous_actions" in fail, fail
+    assert "normalizer buffer norm0_var is float16" in fail, fail
+
+
+def test_per_output_tolerance_override_applies(out):
+    r = invoke("verify", out, "--atol", "deterministic_continuous_actions:1e-12", "--verify-dtype", "float32")
+    assert r.exit_code == 1 and "over tolerance (atol 1e-12" in r.output
+    r = invoke("verify", out, "--atol", "nonsense")
+    assert r.exit_code == 2 and "bad tolerance 'nonsense'" in r.stderr
+
+
+def test_checkpoint_without_official_onnx_says_so(tmp_path):
+    ck = HUGGY_RUN / "Huggy" / "checkpoint.pt"
+    r = run_cli(ck, tmp_path, "--no-program", "--verify-dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    assert "no official ONNX found beside checkpoint.pt" in r.stdout
+    assert "- 2 rebuilt ONNX vs official: no official ONNX" in r.stdout
+
+
+def test_verify_of_a_missing_dir_is_bad_input(tmp_path):
+    r = invoke("verify", tmp_path / "nothing")
+    assert r.exit_code == 2 and "no such directory" in r.stderr
+
+
+def test_ulp_distance():
+    a = np.array([1.0, -0.0, 0.0, 1e-45], np.float32)
+    b = np.nextafter(a, np.float32(np.inf))
+    assert ulp_distance(a, b).tolist() == [1, 1, 1, 1]
+    assert ulp_distance(np.float32([-1e-45]), np.float32([1e-45])).tolist() == [2]
