@@ -1,0 +1,363 @@
+"""Issue 6: the run modes on the real fixtures (Huggy and the ML-Agents variants)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import FIXTURES, HUGGY_RUN, VARIANTS, run_cli, step_checkpoints
+from onnx import numpy_helper
+
+from huggy_convert import contract as C
+from huggy_convert.cli import main
+from huggy_convert.converter import convert_checkpoint, save_policy
+from huggy_convert.exporters.onnx_export import build_onnx, with_noise_input
+from huggy_convert.verify.runtime import ort_run, ort_session
+
+HUGGY = step_checkpoints(HUGGY_RUN)[-1]
+OFFICIAL = HUGGY.with_suffix(".onnx")
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+HUGGY_FACTS = next(r for r in MANIFEST["runs"] if r["name"] == "huggy")["facts"]
+HAS_CUDA = torch.cuda.is_available()
+
+
+def variant(name: str) -> Path:
+    files = step_checkpoints(VARIANTS / name) if (VARIANTS / name).is_dir() else []
+    if not files:
+        pytest.skip(f"fixture variant {name} not present")
+    return files[-1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """torch on one thread, as the matrix runs it (shared cores make spinning threads crawl)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def cli(*args, code=0):
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    assert res.exit_code == code, (res.exit_code, res.stdout[-2000:], res.stderr[-2000:], res.exception)
+    return res
+
+
+def cli_json(*args, code=0):
+    res = cli(*args, "--json", code=code)
+    return json.loads(res.stdout)
+
+
+def one_line_error(res, name: str) -> str:
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("huggy-convert: error: ") and name in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def huggy_policy():
+    return convert_checkpoint(HUGGY).policy
+
+
+def ort_official(feed):
+    return ort_run(ort_session(onnx.load(str(OFFICIAL)).SerializeToString()), feed)
+
+
+# --- info ---------------------------------------------------------------------------------
+def test_info_huggy_parameters_and_normalizer(huggy_policy):
+    d = cli_json("info", HUGGY)
+    assert d["parameters"]["linear"] == 566_805 == huggy_policy.spec.parameter_count(include_log_sigma=False)
+    assert d["parameters"]["with_log_sigma"] == 566_826 == huggy_policy.spec.parameter_count(include_log_sigma=True)
+    assert d["parameters"]["tensors_linear"] == 566_805  # counted from the tensors, not the formula
+    assert d["spec"]["obs_sizes"] == [59] and d["spec"]["continuous_size"] == 21
+    n = d["normalizer"][0]
+    assert n["steps"] == HUGGY_FACTS["normalization_steps"]
+    assert n["variance_range"][1] == pytest.approx(HUGGY_FACTS["max_running_variance"])
+    assert HUGGY_FACTS["constant_dim"] in n["constant_dims"]
+    assert n["fp16_overflow"] is True
+    assert d["checkpoint"]["training_step"] == int(HUGGY.stem.rsplit("-", 1)[1])
+    env = d["environment"]
+    assert env["torch"] == torch.__version__ and "cpu" in env["devices"] and env["onnxruntime"]
+
+
+def test_info_run_directory_inventory():
+    d = cli_json("info", HUGGY_RUN)
+    status = json.loads((HUGGY_RUN / "run_logs" / "training_status.json").read_text())
+    want = [c["steps"] for c in status["Huggy"]["checkpoints"]]
+    rows = d["inventory"]["behaviors"]["Huggy"]["checkpoints"]
+    assert [r["steps"] for r in rows] == want
+    assert all(r["pt_present"] and r["onnx_present"] for r in rows)
+    assert [r["reward"] for r in rows] == [c["reward"] for c in status["Huggy"]["checkpoints"]]
+    assert d["file"].endswith(HUGGY.name)  # the newest step checkpoint
+    text = cli("info", HUGGY_RUN).stdout
+    assert "566,805" in text and "566,826" in text
+
+
+def test_info_onnx_reads_spec_from_the_graph():
+    d = cli_json("info", OFFICIAL)
+    assert d["kind"] == "onnx" and d["onnx"]["opset"] == 9
+    assert (d["parameters"]["linear"], d["parameters"]["with_log_sigma"]) == (566_805, 566_826)
+    assert d["spec"]["hidden_units"] == 512 and d["spec"]["num_layers"] == 3
+    assert d["normalizer"][0]["steps"] is None  # folded into the divisor
+
+
+# --- act ----------------------------------------------------------------------------------
+def test_act_zeros_matches_official_and_rebuilt(huggy_policy):
+    feed = {"obs_0": np.zeros((1, 59), np.float32)}
+    torch_out = np.array(cli_json("act", HUGGY, "--obs", "zeros")["outputs"][C.OUT_CONT_DET], np.float32)
+    off = ort_official(feed)[C.OUT_CONT_DET]
+    assert np.max(np.abs(torch_out - off)) <= 1e-6
+    ort_out = np.array(cli_json("act", HUGGY, "--obs", "zeros", "--runtime", "onnxruntime")["outputs"][C.OUT_CONT_DET],
+                       np.float32)
+    rebuilt = ort_run(ort_session(build_onnx(huggy_policy)), feed)[C.OUT_CONT_DET]
+    assert ort_out.tobytes() == rebuilt.tobytes() == off.tobytes()  # bitwise, ORT against ORT
+    onnx_in = np.array(cli_json("act", OFFICIAL, "--obs", "zeros")["outputs"][C.OUT_CONT_DET], np.float32)
+    assert onnx_in.tobytes() == off.tobytes()
+
+
+def test_act_random_is_seeded_at_normalizer_scale():
+    a = cli_json("act", HUGGY, "--obs", "random", "--seed", "3", "--rows", "4")
+    b = cli_json("act", HUGGY, "--obs", "random", "--seed", "3", "--rows", "4")
+    c = cli_json("act", HUGGY, "--obs", "random", "--seed", "4", "--rows", "4")
+    assert a["outputs"] == b["outputs"] and a["outputs"] != c["outputs"]
+    assert np.array(a["outputs"][C.OUT_CONT_DET]).shape == (4, 21)
+    # an ONNX input draws the same observations (its folded mean/divisor are the checkpoint's)
+    o = cli_json("act", OFFICIAL, "--obs", "random", "--seed", "3", "--rows", "4")
+    assert np.max(np.abs(np.array(o["outputs"][C.OUT_CONT_DET]) - np.array(a["outputs"][C.OUT_CONT_DET]))) <= 1e-6
+
+
+def test_act_observation_files(tmp_path):
+    x = np.random.default_rng(0).standard_normal((3, 59)).astype(np.float32) * 5
+    np.save(tmp_path / "o.npy", x)
+    (tmp_path / "o.json").write_text(json.dumps(x.tolist()))
+    (tmp_path / "named.json").write_text(json.dumps({"obs_0": x.tolist()}))
+    np.savez(tmp_path / "o.npz", obs_0=x)
+    outs = [cli_json("act", HUGGY, "--obs", tmp_path / f)["outputs"][C.OUT_CONT_DET]
+            for f in ("o.npy", "o.json", "named.json", "o.npz")]
+    assert all(o == outs[0] for o in outs)
+    want = ort_official({"obs_0": x})[C.OUT_CONT_DET]
+    assert np.max(np.abs(np.array(outs[0], np.float32) - want)) <= 1e-6
+
+
+def test_act_two_observations_by_name(tmp_path):
+    ck = variant("twoobs")
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((2, 5)).astype(np.float32)
+    np.savez(tmp_path / "two.npz", obs_0=a, obs_1=b)
+    np.save(tmp_path / "flat.npy", np.concatenate([a, b], axis=1))
+    x = cli_json("act", ck, "--obs", tmp_path / "two.npz")["outputs"]
+    y = cli_json("act", ck, "--obs", tmp_path / "flat.npy")["outputs"]
+    assert x == y
+    off = ort_run(ort_session(onnx.load(str(ck.with_suffix(".onnx"))).SerializeToString()), {"obs_0": a, "obs_1": b})
+    assert np.max(np.abs(np.array(x[C.OUT_CONT_DET], np.float32) - off[C.OUT_CONT_DET])) <= 1e-6
+
+
+def test_act_discrete_and_lstm_variants():
+    d = cli_json("act", variant("discrete"), "--obs", "probes", "--rows", "16")
+    assert np.array(d["outputs"][C.OUT_DISC_DET]).shape == (16, 2)
+    l = cli_json("act", variant("lstm"), "--obs", "zeros", "--rows", "2")
+    assert np.array(l["outputs"][C.RECURRENT_OUT]).shape == (2, 1, 16)
+
+
+def test_act_bad_observation_file(tmp_path):
+    np.save(tmp_path / "wide.npy", np.zeros((2, 60), np.float32))
+    res = cli("act", HUGGY, "--obs", tmp_path / "wide.npy", code=2)
+    assert "[rows, 59]" in one_line_error(res, "wide.npy")
+    (tmp_path / "bad.json").write_text("{not json")
+    one_line_error(cli("act", HUGGY, "--obs", tmp_path / "bad.json", code=2), "bad.json")
+    one_line_error(cli("act", HUGGY, "--obs", tmp_path / "none.npy", code=2), "none.npy")
+
+
+# --- sample -------------------------------------------------------------------------------
+def test_sample_seeded_and_the_same_for_an_onnx():
+    a = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
+    b = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
+    c = cli_json("sample", HUGGY, "--seed", "8", "--rows", "8")["outputs"][C.OUT_CONT]
+    assert a == b
+    assert np.mean(np.array(a) != np.array(c)) > 0.5
+    o = cli_json("sample", OFFICIAL, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
+    assert np.max(np.abs(np.array(o, np.float32) - np.array(a, np.float32))) <= 1e-6
+    r = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8", "--runtime", "onnxruntime")["outputs"][C.OUT_CONT]
+    assert np.array(r, np.float32).tobytes() == np.array(o, np.float32).tobytes()  # ORT vs ORT: bitwise
+
+
+def test_sample_noise_is_drawn_on_the_cpu(huggy_policy):
+    d = cli_json("sample", HUGGY, "--seed", "11", "--rows", "4", "--obs", "zeros")
+    eps = torch.randn(4, 21, generator=torch.Generator().manual_seed(11)).numpy()
+    noised = ort_run(ort_session(with_noise_input(onnx.load(str(OFFICIAL))).SerializeToString()),
+                     {"obs_0": np.zeros((4, 59), np.float32), C.NOISE_INPUT: eps})[C.OUT_CONT]
+    assert np.max(np.abs(np.array(d["outputs"][C.OUT_CONT], np.float32) - noised)) <= 1e-6
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device here")
+def test_sample_same_on_cuda():  # pragma: no cover - needs a GPU
+    a = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
+    b = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8", "--device", "cuda")["outputs"][C.OUT_CONT]
+    assert np.max(np.abs(np.array(a) - np.array(b))) <= 1e-5
+
+
+def test_sample_discrete_only_onnx_is_refused():
+    ck = variant("discrete")
+    res = cli("sample", ck.with_suffix(".onnx"), code=2)
+    assert "Multinomial" in one_line_error(res, ck.with_suffix(".onnx").name)
+    d = cli_json("sample", ck, "--rows", "32")["outputs"][C.OUT_DISC]
+    assert np.all((np.array(d) >= 0) & (np.array(d) < np.array([3, 2])))
+
+
+# --- batch / precision ----------------------------------------------------------------------
+def test_batch_rows_are_stable_across_sizes():
+    d = cli_json("batch", HUGGY, "--repeats", "1")
+    assert d["sizes"] == [16, 32, 64, 128, 256, 512] and d["ok"]
+    for row in d["results"]:
+        s = row["outputs"][C.OUT_CONT_DET]
+        assert s["max_abs"] <= 1e-6 and s["count"] == row["batch"] * 21
+    assert set(d["timings"]["per_batch"]) == {"16", "32", "64", "128", "256", "512"}
+    d = cli_json("batch", OFFICIAL, "--sizes", "16,512", "--repeats", "1")
+    assert all(r["outputs"][C.OUT_CONT_DET]["bitwise"] for r in d["results"])
+
+
+def test_precision_fp16_and_bf16_on_cpu():
+    d = cli_json("precision", HUGGY, "--device", "cpu")
+    rows = {r["dtype"]: r for r in d["results"]}
+    assert rows["float32"]["outputs"][C.OUT_CONT_DET]["max_abs"] == 0.0
+    assert rows["float16"]["outputs"][C.OUT_CONT_DET]["cosine"] >= 0.999
+    assert rows["float16"]["outputs"][C.OUT_CONT_DET]["max_abs"] <= 1e-2
+    assert rows["bfloat16"]["outputs"][C.OUT_CONT_DET]["cosine"] >= 0.995
+    d = cli_json("precision", OFFICIAL, "--device", "cpu")
+    rows = {r["dtype"]: r for r in d["results"]}
+    assert rows["float32"]["status"] == "PASS"
+    assert rows["float16"]["status"] == "SKIP" and "canonical tensors" in rows["float16"]["reason"]
+
+
+# --- onnx-compare ---------------------------------------------------------------------------
+def test_onnx_compare_official_bitwise_and_tampered_fails(tmp_path):
+    d = cli_json("onnx-compare", HUGGY, "--rows", "32", "--rows", "128", "--bitwise")
+    f = d["files"][0]
+    assert f["ok"] and f["bitwise"] and f["structure"]["status"] == "pass"
+    assert {r["rows"] for r in f["runs"]} == {32, 128}
+    assert f["runs"][0]["outputs"][C.OUT_CONT + " (injected noise)"]["bitwise"]
+    cli("onnx-compare", OFFICIAL)  # an ONNX alone finds the checkpoint beside it
+    m = onnx.load(str(OFFICIAL))
+    for t in m.graph.initializer:
+        if t.name.endswith("mu.bias"):
+            a = numpy_helper.to_array(t).copy()
+            a[3] += 1e-3
+            t.CopyFrom(numpy_helper.from_array(a, t.name))
+    bad = tmp_path / "tampered.onnx"
+    bad.write_bytes(m.SerializeToString())
+    res = cli("onnx-compare", HUGGY, bad, code=1)
+    assert "FAIL" in res.stdout and "a check failed" in res.stderr
+    d = cli_json("onnx-compare", HUGGY, bad, code=1)
+    assert d["files"][0]["structure"]["status"] == "fail"
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    one_line_error(cli("onnx-compare", HUGGY, tmp_path / "junk.onnx", code=2), "junk.onnx")
+
+
+def test_onnx_compare_variants_bitwise():
+    for name in ("lstm", "hybrid", "sac"):
+        d = cli_json("onnx-compare", variant(name), "--bitwise")
+        assert d["files"][0]["bitwise"], name
+
+
+# --- fingerprint ----------------------------------------------------------------------------
+def test_fingerprint_matches_verify_and_expect(huggy_policy):
+    from huggy_convert.exporters.torch_module import build_module
+    from huggy_convert.verify.checks import fingerprint
+    from huggy_convert.verify.engine import module_runner
+
+    d = cli_json("fingerprint", HUGGY)
+    want = fingerprint(module_runner(build_module(huggy_policy)), huggy_policy, 64, 0)
+    assert d["fingerprints"]["64"]["sha256"] == want and d["fingerprints"]["128"]["stable"]
+    cli("fingerprint", HUGGY, "--steps", "64", "--expect", want)
+    cli("fingerprint", HUGGY, "--steps", "64", "--expect", "0" * 64, code=1)
+    assert cli_json("fingerprint", HUGGY, "--seed", "1")["fingerprints"]["64"]["sha256"] != want
+
+
+# --- stats ----------------------------------------------------------------------------------
+def test_stats_closed_loop_is_bounded_and_repeatable():
+    d = cli_json("stats", HUGGY, "--steps", "64")
+    assert d["bounded"] and d["finite"] and d["guard_hits"] == 0 and d["max_abs_u"] < 10
+    assert len(d["continuous"]) == 21
+    for x in d["continuous"]:
+        assert -1 <= x["min"] <= x["mean"] <= x["max"] <= 1 and 0 <= x["frac_at_clip"] <= 1
+    again = cli_json("stats", HUGGY, "--steps", "64")
+    assert again["trajectory_sha256"] == d["trajectory_sha256"]
+    s = cli_json("stats", variant("hybrid"), "--steps", "32", "--stochastic")
+    assert s["bounded"] and len(s["discrete"]) == 1 and sum(s["discrete"][0]["frequency"]) == pytest.approx(1.0)
+    assert "0.9 * u_t" in cli("stats", "--help").stdout
+
+
+# --- benchmark / export ---------------------------------------------------------------------
+def test_benchmark_reports_percentiles():
+    d = cli_json("benchmark", HUGGY, "--device", "cpu", "--batch", "4", "--warmup", "1", "--iters", "5")
+    rows = {r["runtime"]: r for r in d["timings"]["rows"]}
+    assert set(rows) == {"torch", "onnxruntime"}
+    for r in rows.values():
+        p = r["batches"]["4"]
+        assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] and r["load_s"] > 0 and r["outputs_finite"]
+    d = cli_json("benchmark", OFFICIAL, "--device", "cpu", "--batch", "1", "--warmup", "1", "--iters", "3")
+    assert "no canonical tensors" in d["timings"]["rows"][0]["skipped"]
+
+
+def test_export_opset13_passes_full_check(tmp_path, huggy_policy):
+    out = tmp_path / "h13.onnx"
+    d = cli_json("export", HUGGY, "--opset", "13", "-o", out)
+    assert d["checker_full_check"] == "pass" and d["matches_reference"] and d["bitwise"]
+    m = onnx.load(str(out))
+    onnx.checker.check_model(m, full_check=True)
+    assert {o.domain or "": o.version for o in m.opset_import}[""] == 13
+    feed = {"obs_0": np.random.default_rng(2).standard_normal((5, 59)).astype(np.float32) * 100}
+    assert ort_run(ort_session(m), feed)[C.OUT_CONT_DET].tobytes() == \
+        ort_run(ort_session(build_onnx(huggy_policy, 9)), feed)[C.OUT_CONT_DET].tobytes()
+    st = tmp_path / "h.safetensors"
+    save_policy(st, huggy_policy)
+    cli("export", st, "--opset", "13", "-o", tmp_path / "h13b.onnx")
+    assert (tmp_path / "h13b.onnx").read_bytes() == out.read_bytes()
+
+
+def test_export_from_onnx_needs_tensors(tmp_path):
+    res = cli("export", OFFICIAL, "--opset", "13", "-o", tmp_path / "x.onnx", code=2)
+    assert "canonical tensors" in one_line_error(res, OFFICIAL.name)
+    assert not (tmp_path / "x.onnx").exists()
+    cli("export", OFFICIAL, "--opset", "9", "-o", tmp_path / "same.onnx")  # same opset: written unchanged
+    assert (tmp_path / "same.onnx").read_bytes() == OFFICIAL.read_bytes()
+    one_line_error(cli("export", HUGGY, "--dtype", "float16", "-o", tmp_path / "y.onnx", code=2), HUGGY.name)
+
+
+# --- bad input, devices, subprocess ---------------------------------------------------------
+@pytest.mark.parametrize("mode", ["info", "act", "sample", "batch", "precision", "fingerprint", "stats", "benchmark",
+                                  "export", "onnx-compare"])
+def test_bad_input_is_one_line_exit_2(tmp_path, mode):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"this is not a checkpoint")
+    one_line_error(cli(mode, junk, code=2), "junk.pt")
+    one_line_error(cli(mode, tmp_path / "missing.pt", code=2), "missing.pt")
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    one_line_error(cli(mode, other, code=2), "notes.txt")
+
+
+def test_bad_onnx_and_bad_device(tmp_path):
+    (tmp_path / "broken.onnx").write_bytes(b"\x08\x07garbage")
+    one_line_error(cli("act", tmp_path / "broken.onnx", code=2), "broken.onnx")
+    one_line_error(cli("act", OFFICIAL, "--runtime", "torch", code=2), OFFICIAL.name)
+    one_line_error(cli("act", HUGGY, "--device", "tpu", code=2), "tpu")
+    if not HAS_CUDA:
+        one_line_error(cli("act", HUGGY, "--device", "cuda", code=2), "cuda")
+    res = cli("act", HUGGY, "--device", "npu", "--json", code=2)
+    assert json.loads(res.stdout)["exit_code"] == 2
+
+
+def test_real_subprocess_runs(tmp_path):
+    p = run_cli("act", HUGGY, "--obs", "zeros", "--json")
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["outputs"][C.OUT_CONT_DET][0]) == 21
+    shutil.copy(OFFICIAL, tmp_path / "copy.txt")
+    p = run_cli("info", tmp_path / "copy.txt")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "copy.txt" in p.stderr
