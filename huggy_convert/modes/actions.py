@@ -5,7 +5,7 @@ from typing import Dict
 
 import numpy as np
 
-from .common import ModeResult, g
+from .common import ModeResult
 from .sources import Source, deterministic_names, make_feed, make_runner
 
 
@@ -74,5 +74,3 @@ def sample(src: Source, device: str = "cpu", dtype: str = "float32", runtime: st
             r.lines.append(f"  ✗ {k} has non-finite values")
     return r
 
-
-__all__ = ["act", "sample", "g"]

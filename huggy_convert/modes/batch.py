@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -1,6 +1,7 @@
 """Click wiring of the run modes (logic lives in the mode modules)."""
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -275,7 +276,7 @@ def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
 
 
 for _cmd in (act_cmd, sample_cmd, batch_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
-    _cmd.help = (_cmd.help or "") + "\n\n" + SOURCE_HELP
+    _cmd.help = inspect.cleandoc(_cmd.help or "") + "\n\n" + SOURCE_HELP
 
 COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
             benchmark_cmd, export_cmd, matrix_cmd)

@@ -3,9 +3,7 @@ tensors, both run by onnxruntime on the same seeded probes (verify.probes.make_p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Dict, List, Sequence, Tuple
 
 from .. import contract as C
 from ..errors import ExportError, InputError
@@ -154,5 +152,3 @@ def onnx_compare_paths(paths: Sequence[Path], **kw) -> ModeResult:
     policy, onnx_files = split_inputs(paths)
     return onnx_compare(load_source(policy), onnx_files, **kw)
 
-
-__all__ = ["onnx_compare", "onnx_compare_paths", "split_inputs", "np"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from .. import contract as C
 from ..converter import atomic_write_bytes
 from ..errors import ExportError, InputError, UnsupportedError
@@ -100,5 +98,3 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} vs reference on {rows} probes: {text}")
     return r
 
-
-__all__ = ["export", "np"]

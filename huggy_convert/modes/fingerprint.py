@@ -1,7 +1,7 @@
 """``fingerprint``: sha256 of seeded 64- and 128-step action sequences (verify.checks.fingerprint)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 from ..verify.checks import fingerprint as fp
 from .common import ModeResult

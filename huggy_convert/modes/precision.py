@@ -6,8 +6,7 @@ from typing import Dict, List, Optional, Sequence
 from ..errors import HuggyError
 from ..verify.compare import array_stats
 from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, g, stats_line, tolerance
-from .sources import (DTYPES, KIND_ONNX, RUNTIME_ORT, Source, deterministic_names, devices_present, make_feed,
-                      make_runner)
+from .sources import DTYPES, KIND_ONNX, Source, deterministic_names, devices_present, make_feed, make_runner
 
 
 def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequence[str] = DTYPES,
@@ -72,5 +71,3 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
         r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors")
     return r
 
-
-__all__ = ["precision", "RUNTIME_ORT"]

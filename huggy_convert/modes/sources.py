@@ -315,6 +315,19 @@ class Source:
         return Policy(spec=self.spec, tensors=tensors)
 
 
+def _obs_sizes_beside(ckpt_path: Path) -> Optional[List[int]]:
+    """Observation widths from the official ``<stem>.onnx`` beside a checkpoint: a policy without
+    normalizers keeps no per-observation tensors, so only its ONNX knows how the width splits."""
+    onnx_path = ckpt_path.with_suffix(".onnx")
+    if not onnx_path.is_file():
+        return None
+    try:
+        spec = OnnxView(load_onnx(onnx_path)).spec()
+    except Exception:  # an unreadable neighbour does not make the checkpoint unreadable
+        return None
+    return list(spec.obs_sizes) if len(spec.obs_sizes) > 1 and all(spec.obs_sizes) else None
+
+
 def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
     """Read a mode's input: ``.pt`` checkpoint, ``.safetensors`` policy, ``.onnx`` model, or a run
     directory (its newest step checkpoint)."""
@@ -332,6 +345,8 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
     suffix = p.suffix.lower()
     if suffix in CKPT_SUFFIXES:
         ckpt = load_checkpoint(p)
+        if obs_sizes is None and not any(".normalizer." in k for k in ckpt.policy):
+            obs_sizes = _obs_sizes_beside(p)
         conv = policy_from_checkpoint(ckpt, obs_sizes=obs_sizes)
         src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
     elif suffix == ".safetensors":
