@@ -18,7 +18,6 @@ extrapolation to the whole run, and the ratio. No thresholds are asserted here.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -146,27 +145,39 @@ def main(argv=None) -> int:
         if b["rc"] != 0:
             print(b["out"][-3000:], b["err"], file=sys.stderr)
         s = json.loads(b["out"])
-        n = s["checkpoints"]
-        print(f"batch: {n} checkpoints ({s['converted']} converted, {s['same_as']} same as another, {s['failed']} failed) "
-              f"exit {b['rc']}, {s['jobs']} workers on {cores} cores")
-        print(f"  wall {b['wall']:.2f} s ({1000 * b['wall'] / n:.1f} ms per checkpoint; in-process {s['seconds']:.2f} s)")
+        n = s["checkpoints"] - s["same_as"]  # step checkpoints (checkpoint.pt is recognised, not converted)
+        print(f"batch: {s['checkpoints']} files: {s['converted']} converted and verified, {s['same_as']} same as "
+              f"another (checkpoint.pt), {s['failed']} failed; exit {b['rc']}; {s['jobs']} workers on {cores} cores")
+        print(f"  wall {b['wall']:.2f} s for {n} checkpoints = {1000 * b['wall'] / n:.1f} ms per checkpoint "
+              f"(in-process {s['seconds']:.2f} s; the rest is importing torch and exiting)")
         print(f"  peak RSS {b['rss']:.0f} MB")
-        # the same run again: everything is skipped
+        # a tenth of the run: the fixed cost, the cost per checkpoint, and memory that does not grow
+        small = tmp / "results" / "bench-small"
+        build_run(small, max(2, a.count // 10))
+        m = measure([small, tmp / "out-small", "--json", *jobs])
+        ms = json.loads(m["out"])
+        k = ms["checkpoints"] - ms["same_as"]
+        per = (b["wall"] - m["wall"]) / (n - k)
+        print(f"  {k} checkpoints: wall {m['wall']:.2f} s, peak RSS {m['rss']:.0f} MB -> marginal {1000 * per:.1f} ms "
+              f"per checkpoint, fixed {m['wall'] - k * per:.2f} s (import, first torch.export trace, exit)")
         r = measure([run, tmp / "out", "--json", *jobs])
         rs = json.loads(r["out"])
-        print(f"rerun (all skipped: {rs['skipped']}): wall {r['wall']:.2f} s, peak RSS {r['rss']:.0f} MB")
+        print(f"rerun (all {rs['skipped']} skipped, every source and output re-hashed): wall {r['wall']:.2f} s, "
+              f"peak RSS {r['rss']:.0f} MB")
         singles = []
         picks = sorted(run.glob("*/*-*.pt"))[: a.singles]
         for p in picks:
             x = measure([p, tmp / "single"])
             singles.append(x["wall"])
-            print(f"separate: huggy-convert {p.name}: {x['wall']:.2f} s (exit {x['rc']}), peak RSS {x['rss']:.0f} MB")
+            print(f"separate: huggy-convert {p.name} single/: {x['wall']:.2f} s (exit {x['rc']}), "
+                  f"peak RSS {x['rss']:.0f} MB")
         mean = sum(singles) / len(singles)
         est = mean * n
         print(f"separate invocations: mean {mean:.2f} s -> {est:.0f} s for {n} (extrapolated)")
-        print(f"ratio: batch is {est / b['wall']:.1f}x faster than separate invocations")
-        print(f"SUMMARY wall_s={b['wall']:.2f} ms_per_ckpt={1000 * b['wall'] / n:.1f} ratio={est / b['wall']:.1f} "
-              f"peak_rss_mb={b['rss']:.0f} jobs={s['jobs']} cores={cores}")
+        print(f"ratio: the batch is {est / b['wall']:.1f}x faster than separate invocations")
+        print(f"SUMMARY checkpoints={n} wall_s={b['wall']:.2f} ms_per_ckpt={1000 * b['wall'] / n:.1f} "
+              f"marginal_ms={1000 * per:.1f} ratio={est / b['wall']:.1f} peak_rss_mb={b['rss']:.0f} "
+              f"jobs={s['jobs']} cores={cores}")
         return 0
     finally:
         if a.keep is None:

@@ -18,7 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import huggy_checkpoint, percentiles  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from huggy_convert.converter import convert_checkpoint  # noqa: E402

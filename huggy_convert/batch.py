@@ -35,11 +35,14 @@ Verification profile
     and the saved ``.pt2`` run with the weights read back from the file in the graph that
     ``torch.export.load`` gave for the architecture (loaded once per architecture and worker;
     the rest of the archive is checked byte for byte against that program), check 5 with
-    64-step fingerprints. The manifest records which profile each entry got.
+    16-step fingerprints. The manifest records which profile each entry got. (The newest runs alone
+    after the others: torch.export.load is not thread-safe.)
 
 Speed and memory
-    One process, a thread pool (``--jobs``, default: the cores; torch, onnxruntime, numpy, zlib and
-    hashlib release the GIL) with one torch thread per worker. A checkpoint is read once (hashed
+    One process, a thread pool (``--jobs``, default: the cores) with one torch thread per worker.
+    hashlib, zlib, file I/O, onnxruntime and torch kernels release the GIL; torch.load's
+    weights-only unpickler, ONNX building and most of verification are Python and hold it, so a
+    second worker gains little on a Huggy-size policy. A checkpoint is read once (hashed
     and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture;
     later checkpoints of that architecture get the traced archive with their weight records
     replaced (CRCs and serialization id recomputed), which is checked once per architecture to be
@@ -50,9 +53,10 @@ Idempotent and resumable
     An entry is skipped when the manifest has it verified with the same source sha256, tool
     version and options, and each of its output files still has the recorded sha256 (``--force``
     redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
-    rewritten that way (and fsynced) about once a second and at the end; stale ``.*.tmp`` files
-    of a killed run are removed first. After a ``kill -9`` a rerun skips what the manifest holds and
-    redoes the rest, with the same bytes (the artifacts and reports are deterministic).
+    rewritten that way (and fsynced) every ``HUGGY_CONVERT_MANIFEST_INTERVAL`` seconds (default 1)
+    and at the end; stale ``.*.tmp`` files of a killed run are removed first. After a ``kill -9``
+    a rerun skips what the manifest holds and redoes the rest, with the same bytes (artifacts and
+    reports are deterministic: one torch thread, and nothing in them depends on the order).
     Artifacts are not fsynced one by one: after a power cut a rerun finds any torn file by its
     sha256 and redoes that checkpoint.
 
@@ -69,20 +73,23 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import threading
 import time
+import warnings
 import zlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple
 
 import click
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, CheckpointError, HuggyError, InputError
+from .converter import atomic_write_bytes
+from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 from .pipeline import (SUFFIX_GOLDEN, SUFFIX_ONNX, SUFFIX_POLICY, SUFFIX_PROGRAM, SUFFIX_REPORT, ConvertOptions,
                        default_reference, load_reference)
 
@@ -94,8 +101,11 @@ STATUS_FILE = Path("run_logs") / "training_status.json"
 STEP_NAME = re.compile(r"^(?P<behavior>.+)-(?P<step>\d+)\.pt$")
 CHECKPOINT_NAME = "checkpoint.pt"
 BATCH_ROWS = 16
-BATCH_FINGERPRINT_STEPS = (64,)
-MANIFEST_INTERVAL_S = float(os.environ.get("HUGGY_CONVERT_MANIFEST_INTERVAL", "1.0"))
+BATCH_FINGERPRINT_STEPS = (16,)
+try:  # seconds between manifest rewrites during a run (0: after every checkpoint)
+    MANIFEST_INTERVAL_S = float(os.environ.get("HUGGY_CONVERT_MANIFEST_INTERVAL", "1.0"))
+except ValueError:
+    MANIFEST_INTERVAL_S = 1.0
 
 # entry status (what the out directory holds) and what this run did with it
 OK, VERIFY_FAILED, ERROR, MISSING, SAME_AS = "ok", "verify_failed", "error", "missing", "same_as"
@@ -176,7 +186,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
     source = Path(source)
     if not source.is_dir():
         raise InputError("no such directory", source)
-    warnings: List[str] = []
+    warns: List[str] = []
     if (source / STATUS_FILE).is_file():
         root, status = source, source / STATUS_FILE
     elif (source.parent / STATUS_FILE).is_file():  # a behavior folder of a run
@@ -196,7 +206,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
     if status is not None:
         records, warn = _read_status(status)
         if warn:
-            warnings.append(warn)
+            warns.append(warn)
     seen_names = set()
     for r in records:
         if (r["behavior"], r["name"]) in seen_names:  # final_checkpoint repeats the newest
@@ -249,36 +259,13 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
     for it in newest.values():
         it.newest = True
     items.sort(key=lambda it: (it.behavior or "", it.kind == "checkpoint", it.step if it.step is not None else -1, it.rel))
-    return root, status, items, warnings
+    return root, status, items, warns
 
 
 # --- writing ------------------------------------------------------------------------------------
 def write_atomic(path: Path, data: bytes, fsync: bool = False) -> None:
-    """Write under ``.<name>.<random>.tmp`` in the same folder, then rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
+    """Artifacts: temp name + rename without a per-file fsync (a torn file is found by its sha256)."""
+    atomic_write_bytes(path, data, fsync=fsync)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -460,16 +447,72 @@ def _prod(xs) -> int:
 
 
 def _module_tensor_bytes(policy) -> Dict[str, bytes]:
+    """The float32 bytes of the module's state dict (what torch.export stores for the program)."""
+
     from .exporters.torch_module import build_module
 
-    return {k: v.detach().contiguous().cpu().numpy().tobytes() for k, v in build_module(policy, "cpu", "float32").state_dict().items()}
+    module = build_module(policy, "cpu", "float32")
+    return {k: v.detach().contiguous().cpu().numpy().tobytes() for k, v in module.state_dict().items()}
+
+
+class Gate:
+    """Workers compute under a shared hold; torch.export (trace, save, load) runs alone.
+
+    torch.export is not thread-safe (its deserializer is a module global, and tracing swaps
+    global state), so each use waits until no worker computes, and workers wait for it. A worker
+    that needs it gives up its own shared hold meanwhile (no deadlock between two of them)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+        self._local = threading.local()
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        self._local.held = True
+        try:
+            yield
+        finally:
+            self._local.held = False
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        held = getattr(self._local, "held", False)
+        with self._cond:
+            if held:
+                self._shared -= 1
+                self._cond.notify_all()
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+                if held:
+                    while self._exclusive or self._waiting:
+                        self._cond.wait()
+                    self._shared += 1
 
 
 class Programs:
     """``.pt2`` bytes per checkpoint: torch.export traced once per architecture (thread-safe)."""
 
-    def __init__(self):
-        self._lock = threading.Lock()
+    def __init__(self, gate: Optional[Gate] = None):
+        self.gate = gate or Gate()
         self._state: Dict[object, dict] = {}  # spec -> {template, cache, checked}
         self._local = threading.local()
         self.notes: List[str] = []
@@ -479,40 +522,37 @@ class Programs:
 
         spec = policy.spec
         st = self._state.get(spec)
-        if st is not None and st["checked"] and st["template"] is not None:
-            return st["template"].patch(_module_tensor_bytes(policy))
-        with self._lock:
-            st = self._state.get(spec)
-            if st is None:  # first of its architecture: trace (the only torch.export of that spec)
-                cache: dict = {}
-                data = program_bytes(policy, cache)
-                try:
-                    tmpl = ProgramTemplate(data)
-                except _NotPatchable as exc:
-                    tmpl = None
-                    self.notes.append(f"{spec.family}: .pt2 weights are not swappable in place ({exc}); "
-                                      "every .pt2 saved with torch.export.save")
-                self._state[spec] = {"template": tmpl, "cache": cache, "checked": tmpl is None}
-                return data
-            if not st["checked"]:  # second: the swapped archive must equal torch.export.save's bytes
-                real = program_bytes(policy, st["cache"])
-                try:
-                    ok = st["template"].patch(_module_tensor_bytes(policy)) == real
-                except _NotPatchable:
-                    ok = False
-                if not ok:
-                    st["template"] = None
-                    self.notes.append(f"{spec.family}: swapping .pt2 weights did not reproduce torch.export.save; "
-                                      "every .pt2 saved with torch.export.save")
-                else:
-                    st["cache"] = None  # the traced program is no longer needed
-                st["checked"] = True
-                return real
-            if st["template"] is not None:
-                tmpl = st["template"]
-            else:
-                return program_bytes(policy, st["cache"])  # the slow path, under the lock
-        return tmpl.patch(_module_tensor_bytes(policy))
+        if st is None or not st["checked"] or st["template"] is None:
+            with self.gate.exclusive():
+                st = self._state.get(spec)
+                if st is None:  # first of its architecture: trace (the only torch.export of that spec)
+                    cache: dict = {}
+                    data = program_bytes(policy, cache)
+                    try:
+                        tmpl = ProgramTemplate(data)
+                    except _NotPatchable as exc:
+                        tmpl = None
+                        self.notes.append(f"{spec.family}: .pt2 weights are not swappable in place ({exc}); "
+                                          "every .pt2 saved with torch.export.save")
+                    self._state[spec] = {"template": tmpl, "cache": cache, "checked": tmpl is None}
+                    return data
+                if not st["checked"]:  # second: the swapped archive must equal torch.export.save's bytes
+                    real = program_bytes(policy, st["cache"])
+                    try:
+                        ok = st["template"].patch(_module_tensor_bytes(policy)) == real
+                    except _NotPatchable:
+                        ok = False
+                    if not ok:
+                        st["template"] = None
+                        self.notes.append(f"{spec.family}: swapping .pt2 weights did not reproduce "
+                                          "torch.export.save; every .pt2 saved with torch.export.save")
+                    else:
+                        st["cache"] = None  # the traced program is no longer needed
+                    st["checked"] = True
+                    return real
+                if st["template"] is None:
+                    return program_bytes(policy, st["cache"])  # the slow path
+        return st["template"].patch(_module_tensor_bytes(policy))
 
     def template(self, spec) -> Optional[ProgramTemplate]:
         st = self._state.get(spec)
@@ -530,7 +570,8 @@ class Programs:
         cache = self._local.__dict__.setdefault("programs", {})
         gm = cache.get(spec)
         if gm is None:
-            gm = torch.export.load(io.BytesIO(tmpl.data)).module()
+            with self.gate.exclusive():
+                gm = torch.export.load(io.BytesIO(tmpl.data)).module()
             cache[spec] = gm
         data = path.read_bytes()
         problem = None
@@ -548,10 +589,13 @@ class Programs:
         return _ProgramCheck(gm, input_names(spec), output_names(spec), problem)
 
 
+@lru_cache(maxsize=None)
 def _program_check_class():
     import torch
 
     class ProgramCheck(torch.nn.Module):
+        """What check 4 runs for a saved program: its graph with the weights read back from its file."""
+
         def __init__(self, gm, ins, outs, problem):
             super().__init__()
             self.gm, self.input_names, self.output_names, self.problem = gm, ins, outs, problem
@@ -566,48 +610,16 @@ def _program_check_class():
 
 
 def _ProgramCheck(gm, ins, outs, problem):
-    global _PROGRAM_CHECK
-    if _PROGRAM_CHECK is None:
-        _PROGRAM_CHECK = _program_check_class()
-    return _PROGRAM_CHECK(gm, ins, outs, problem)
-
-
-_PROGRAM_CHECK = None
+    return _program_check_class()(gm, ins, outs, problem)
 
 
 # --- one checkpoint -----------------------------------------------------------------------------
 def read_checkpoint(path: Path, data: bytes, sha256: str):
-    """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once."""
-    import torch
+    """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once.
+    (torch's warnings are silenced for the whole batch by run_batch: catch_warnings is not thread-safe.)"""
+    from .converter import load_checkpoint
 
-    from . import contract as C
-    from .converter import Checkpoint
-    from .converter.checkpoint import _describe_load_failure
-
-    if not data:
-        raise CheckpointError("empty file, not a torch checkpoint", path)
-    try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(_describe_load_failure(exc), path) from None
-    if isinstance(obj, torch.Tensor):
-        raise CheckpointError("holds a bare tensor, not an ML-Agents checkpoint (a dict with a 'Policy' state dict)", path)
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"holds a {type(obj).__name__}, not an ML-Agents checkpoint dict", path)
-    top = [str(k) for k in obj.keys()]
-    if C.CKPT_POLICY not in obj:
-        shown = ", ".join(top[:6]) + (" ..." if len(top) > 6 else "")
-        raise CheckpointError(f"no '{C.CKPT_POLICY}' state dict: not an ML-Agents checkpoint (top-level keys: {shown or 'none'})", path)
-    policy = obj[C.CKPT_POLICY]
-    if not isinstance(policy, dict) or not all(isinstance(v, torch.Tensor) for v in policy.values()):
-        raise CheckpointError(f"'{C.CKPT_POLICY}' is not a state dict of tensors", path)
-    step = None
-    gs = obj.get(C.CKPT_GLOBAL_STEP)
-    if isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor):
-        t = gs[C.GLOBAL_STEP_KEY]
-        if t.numel() == 1:
-            step = int(t.reshape(-1)[0].item())
-    return Checkpoint(path=path, sha256=sha256, policy=dict(policy), global_step=step, top_keys=top)
+    return load_checkpoint(path, data=data, sha256=sha256, quiet_warnings=False)
 
 
 def _policy_state(path: Path):
@@ -617,7 +629,10 @@ def _policy_state(path: Path):
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            return None
     pol = obj.get("Policy") if isinstance(obj, dict) else None
     return pol if isinstance(pol, dict) else None
 
@@ -654,7 +669,7 @@ def _key_figures(rep_dict: dict) -> dict:
         elif num == "3":
             eq = sum((k.get("figures") or {}).get("bitwise_equal", 0) for k in kids)
             n = sum((k.get("figures") or {}).get("count", 0) for k in kids)
-            out["outputs_bitwise"] = [eq, n]
+            out["outputs_bitwise"] = [eq, n] if n else None
         elif num == "4":
             mx = {}
             for k in kids:
@@ -716,9 +731,9 @@ def _skipped(entry: dict, prev: dict) -> dict:
     return entry
 
 
-def convert_item(item: Item, ctx: _Context, data: Optional[bytes] = None, sha: Optional[str] = None,
-                 ckpt=None) -> dict:
-    """Convert, export and verify one checkpoint; returns its manifest entry (nothing else is kept)."""
+def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
+    """Convert, export and verify one checkpoint (``ckpt``: already loaded); returns its manifest entry
+    (nothing else is kept)."""
     from .converter import policy_bytes, policy_from_checkpoint
     from .exporters.onnx_export import build_onnx, model_bytes
     from .verify import verify
@@ -775,10 +790,11 @@ def convert_item(item: Item, ctx: _Context, data: Optional[bytes] = None, sha: O
                 extra.append((f"saved program {pt2.name} (cpu, weights read back from the file, graph loaded "
                               "once per architecture)", ctx.programs.check_module(spec, pt2)))
             golden = ctx.out / f"{item.stem}{SUFFIX_GOLDEN}"
-            rep = verify(policy, model, subject=f"{item.stem} ({item.path.name})", checkpoint=ckpt,
-                         policy_file_name=f"{item.stem}{SUFFIX_POLICY}", official=official, official_path=reference,
-                         pt2_path=pt2 if use_engine_pt2 else None, options=ctx.full if item.newest else ctx.light,
-                         write_golden=golden, extra_modules=extra)
+            with ctx.programs.gate.exclusive() if use_engine_pt2 else nullcontext():  # torch.export.load inside
+                rep = verify(policy, model, subject=f"{item.stem} ({item.path.name})", checkpoint=ckpt,
+                             policy_file_name=f"{item.stem}{SUFFIX_POLICY}", official=official,
+                             official_path=reference, pt2_path=pt2 if use_engine_pt2 else None,
+                             options=ctx.full if item.newest else ctx.light, write_golden=golden, extra_modules=extra)
             if official is None:
                 rep.notes.insert(0, f"no official ONNX found beside {item.path.name} "
                                     f"({item.path.with_suffix('.onnx').name})")
@@ -826,7 +842,7 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
             for cand, cand_entry in candidates:
                 if (cand.stem == prev.get("same_as") and cand_entry.get("status") == OK
                         and cand_entry.get("source_sha256") == prev.get("same_as_sha256")):
-                    entry.update(status=SAME_AS, run=SKIPPED, same_as=cand.stem, same_as_source=cand.rel,
+                    entry.update(status=SAME_AS, run=SKIPPED, stem=None, same_as=cand.stem, same_as_source=cand.rel,
                                  same_as_sha256=cand_entry["source_sha256"], step=cand.step, reward=cand.reward,
                                  seconds=round(time.perf_counter() - t0, 3))
                     return entry
@@ -840,7 +856,7 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
             if cand_entry.get("status") not in (OK, VERIFY_FAILED):
                 continue
             if _same_policy(ckpt.policy, _policy_state(cand.path)):
-                entry.update(status=SAME_AS, run=CHECKED, same_as=cand.stem, same_as_source=cand.rel,
+                entry.update(status=SAME_AS, run=CHECKED, stem=None, same_as=cand.stem, same_as_source=cand.rel,
                              same_as_sha256=cand_entry.get("source_sha256"), step=cand.step,
                              reward=cand.reward if item.reward is None else item.reward,
                              seconds=round(time.perf_counter() - t0, 3))
@@ -962,7 +978,7 @@ def _previous(out: Path, header: dict) -> Tuple[Dict[str, dict], Optional[str]]:
     except (OSError, ValueError) as exc:
         return {}, f"{p}: unreadable ({type(exc).__name__}); redoing every checkpoint"
     if doc.get("options") != header["options"]:
-        return {}, None  # other options: everything is redone
+        return {}, f"{p}: made with other options; redoing every checkpoint"
     return {e["source"]: e for e in doc.get("checkpoints", []) if isinstance(e, dict) and "source" in e}, None
 
 
@@ -975,9 +991,11 @@ def _default_jobs() -> int:
 
 
 def _options_record(o: ConvertOptions, light, full) -> dict:
+    """Everything that changes the outputs; a manifest made with other options is not reused."""
     def vo(v):
-        return {"rows": v.rows, "seed": v.seed, "dtypes": list(v.dtypes), "devices": list(v.devices) if v.devices else None,
-                "fingerprint_steps": list(v.fingerprint_steps), "atol": dict(v.atol), "cosine": dict(v.cosine)}
+        d = {k: (list(x) if isinstance(x, tuple) else x) for k, x in asdict(v).items()}
+        d["devices"] = list(v.devices) if v.devices else None
+        return json.loads(json.dumps(d, sort_keys=True))
 
     return {"opset": o.opset, "obs_sizes": list(o.obs_sizes) if o.obs_sizes else None, "program": o.program,
             "verify": o.verify, "verify_batch": vo(light) if o.verify else None,
@@ -1005,9 +1023,16 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     if o.reference:
         raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "
                          "against its own <stem>.onnx", o.reference)
-    root, status, items, warnings = discover(source, out)
+    root, status, items, warns = discover(source, out)
     if not items:
         raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", out)
+    outr = out.resolve()
+    clash = next((it for it in items if it.path.parent.resolve() == outr), None)
+    if clash is not None:
+        raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
+                         "that ML-Agents wrote there; choose another output directory", out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(out)
     jobs = max(1, int(jobs or _default_jobs()))
@@ -1022,25 +1047,36 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
                   "newest_of_each_behavior": "full profile (as a single conversion)",
                   "others": _profile_note(False, _Context(out, o, light, full, {}, force, None)) if o.verify else None}}
     previous, warn = _previous(out, header) if not force else ({}, None)
-    warnings += [warn] if warn else []
-    for w in warnings:
+    warns += [warn] if warn else []
+    for w in warns:
         click.echo(f"huggy-convert: warning: {w}", err=True)
-    programs = Programs()
+    gate = Gate()
+    programs = Programs(gate)
     ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, programs=programs)
     manifest = Manifest(out, header)
     for i, it in enumerate(items):
         manifest.order[it.rel] = i
     results: Dict[str, dict] = {}
     show_bar = not as_json and sys.stdout.isatty()
+    bar = None
 
     def report(entry: dict) -> None:
+        results[entry["source"]] = entry
         manifest.entries[entry["source"]] = entry
         if entry.get("status") in (ERROR, MISSING):
             click.echo(f"huggy-convert: error: {entry.get('error')}", err=True)
         elif entry.get("status") == VERIFY_FAILED:
-            click.echo(f"huggy-convert: verification failed: {entry['stem']}: {(entry.get('verify') or {}).get('first_failure')}",
-                       err=True)
+            click.echo(f"huggy-convert: verification failed: {entry['stem']}: "
+                       f"{(entry.get('verify') or {}).get('first_failure')}", err=True)
+        if bar is not None:
+            bar.update(1)
         manifest.maybe_write()
+
+    def shared(fn):
+        def call(*args):
+            with gate.shared():
+                return fn(*args)
+        return call
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one torch thread per worker: the workers are the parallelism
@@ -1049,37 +1085,34 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     bar_ctx = click.progressbar(length=len(items), label=f"converting {len(items)} checkpoints", file=sys.stdout) \
         if show_bar else None
     bar = bar_ctx.__enter__() if bar_ctx else None
+    quiet = warnings.catch_warnings()  # entered and left by this thread only; the workers see its filter
+    quiet.__enter__()
+    warnings.simplefilter("ignore")  # torch's warnings would break the one-line errors
     try:
+        for it in work:
+            if it.missing:
+                e = _base_entry(it)
+                e.update(status=MISSING, run=FAILED,
+                         error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {source}")
+                report(e)
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="huggy-batch") as pool:
             def run(tasks):
+                """Bounded submission (2 x jobs in flight); entries are handled as they come."""
                 pending = set()
-                queue = list(tasks)
-                queue.reverse()
+                queue = list(reversed(tasks))
                 while queue or pending:
                     while queue and len(pending) < 2 * jobs:
                         fn, args = queue.pop()
-                        pending.add(pool.submit(fn, *args))
+                        pending.add(pool.submit(shared(fn), *args))
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
-                        entry = f.result()
-                        results[entry["source"]] = entry
-                        report(entry)
-                        if bar:
-                            bar.update(1)
+                        report(f.result())
 
-            tasks = []
+            run([(convert_item, (it, ctx)) for it in work if not it.missing and not it.newest])
+            # the newest of each behavior (full profile, whose .pt2 check runs torch.export.load) alone
             for it in work:
-                if it.missing:
-                    e = _base_entry(it)
-                    e.update(status=MISSING, run=FAILED, error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no "
-                                                               f"such file under {source}")
-                    results[it.rel] = e
-                    report(e)
-                    if bar:
-                        bar.update(1)
-                    continue
-                tasks.append((convert_item, (it, ctx)))
-            run(tasks)
+                if it.newest:
+                    report(convert_item(it, ctx))
             tasks = []
             for it in aliases:
                 folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
@@ -1088,13 +1121,14 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
                 tasks.append((check_alias, (it, ctx, cands)))
             run(tasks)
     finally:
+        quiet.__exit__(None, None, None)
         torch.set_num_threads(threads)
         if bar_ctx:
             bar_ctx.__exit__(None, None, None)
         entries = manifest.sorted_entries()
         summary = _summary(entries, time.perf_counter() - t0, jobs) if len(entries) == len(items) else None
         if summary is not None:
-            summary["warnings"] = warnings + programs.notes
+            summary["warnings"] = warns + programs.notes
         manifest.write(summary, csv_too=summary is not None)
     if as_json:
         click.echo(json.dumps(dict(summary, manifest=str(out / MANIFEST_JSON)), indent=2))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
+from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 
 
 class DefaultGroup(click.Group):

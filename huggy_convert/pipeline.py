@@ -6,6 +6,7 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,9 @@ def load_reference(path: Path) -> onnx.ModelProto:
         raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
 
 
+_EXPORT_LOCK = threading.RLock()
+
+
 def program_bytes(policy, cache: Optional[dict] = None) -> bytes:
     """torch.export program bytes; ``cache`` (spec -> ExportedProgram) lets a batch trace once per
     architecture and only swap the weights."""
@@ -97,21 +101,22 @@ def program_bytes(policy, cache: Optional[dict] = None) -> bytes:
     from .exporters.torch_module import build_module, export_program
 
     module = build_module(policy, "cpu", "float32")
-    ep = cache.get(policy.spec) if cache is not None else None
-    if ep is None:
-        ep = export_program(module)
-        if cache is not None:
-            cache[policy.spec] = ep
-    else:
-        sd = module.state_dict()
-        with torch.no_grad():
-            for k, v in ep.state_dict.items():
-                v.copy_(sd[k])
-            for k, v in ep.constants.items():
-                if k in sd and isinstance(v, torch.Tensor):
+    with _EXPORT_LOCK:  # torch.export is not thread-safe, and a cached program is shared: trace/swap+save alone
+        ep = cache.get(policy.spec) if cache is not None else None
+        if ep is None:
+            ep = export_program(module)
+            if cache is not None:
+                cache[policy.spec] = ep
+        else:
+            sd = module.state_dict()
+            with torch.no_grad():
+                for k, v in ep.state_dict.items():
                     v.copy_(sd[k])
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
+                for k, v in ep.constants.items():
+                    if k in sd and isinstance(v, torch.Tensor):
+                        v.copy_(sd[k])
+        buf = io.BytesIO()
+        torch.export.save(ep, buf)
     return buf.getvalue()
 
 
@@ -127,6 +132,8 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     conv = policy_from_checkpoint(ckpt, obs_sizes=o.obs_sizes)
     stem = stem or src.stem
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", out)
     reference = Path(o.reference) if o.reference else default_reference(src)
     official = load_reference(reference) if reference else None
     if official is not None and o.obs_sizes is None and not conv.policy.spec.normalize:

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, HUGGY_RUN, run_cli, step_checkpoints, variant_ckpt, variant_names
+from conftest import FIXTURES, HUGGY_RUN, run_cli, step_checkpoints, variant_names
 
 from huggy_convert import contract as C
 from huggy_convert.converter import convert_checkpoint, load_policy, policy_bytes, save_policy

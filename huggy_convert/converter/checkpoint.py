@@ -1,7 +1,9 @@
 """Reading an ML-Agents ``.pt`` checkpoint safely (``weights_only=True``: a pickle never runs code)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import pickle
 import warnings
 import zipfile
@@ -51,29 +53,37 @@ def _describe_load_failure(exc: BaseException) -> str:
     return f"not a readable torch checkpoint ({type(exc).__name__}: {text[:160]})"
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Load ``path`` on the CPU with ``weights_only=True`` and return its ``Policy`` state dict."""
+def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = None,
+                    quiet_warnings: bool = True) -> Checkpoint:
+    """Load ``path`` on the CPU with ``weights_only=True`` and return its ``Policy`` state dict.
+
+    ``data`` (and its ``sha256``) let a caller that already read the file load it from memory, so
+    a checkpoint is read once. ``quiet_warnings=False`` leaves torch's warnings alone (a threaded
+    caller silences them once: ``warnings.catch_warnings`` is not thread-safe)."""
     import torch  # deferred: only checkpoint reading needs torch here
 
     p = Path(path)
-    if not p.exists():
-        raise InputError("no such file", p)
-    if p.is_dir():
-        raise InputError("is a directory, not a checkpoint file", p)
-    if p.stat().st_size == 0:
+    if data is None:
+        if not p.exists():
+            raise InputError("no such file", p)
+        if p.is_dir():
+            raise InputError("is a directory, not a checkpoint file", p)
+        with open(p, "rb") as f:
+            data = f.read()
+    if not data:
         raise CheckpointError("empty file, not a torch checkpoint", p)
-    with open(p, "rb") as f:
-        head = f.read(4)
-    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
+    if data[:4] != b"PK\x03\x04" and data[:1] != b"\x80":
         raise CheckpointError(f"not a readable torch checkpoint (neither a zip archive nor a pickle; "
-                              f"starts with bytes {head.hex(' ')})", p)
-    digest = sha256_file(p)
+                              f"starts with bytes {data[:4].hex(' ')})", p)
+    digest = sha256 or hashlib.sha256(data).hexdigest()
     try:
-        with warnings.catch_warnings():  # torch's own warnings would break the one-line error
-            warnings.simplefilter("ignore")
-            obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings() if quiet_warnings else contextlib.nullcontext():
+            if quiet_warnings:  # torch's own warnings would break the one-line error
+                warnings.simplefilter("ignore")
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
         raise CheckpointError(_describe_load_failure(exc), p) from None
+    del data
     if isinstance(obj, torch.Tensor):
         raise CheckpointError("holds a bare tensor, not an ML-Agents checkpoint (a dict with a 'Policy' state dict)", p)
     if not isinstance(obj, dict):

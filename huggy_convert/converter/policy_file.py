@@ -85,8 +85,8 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Write ``data`` under a temporary name in the same folder, fsync, then rename."""
+def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` under ``.<name>.<random>.tmp`` in the same folder, (fsync,) then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -94,8 +94,9 @@ def atomic_write_bytes(path, data: bytes) -> None:
         os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -29,6 +29,18 @@ def _t(a: np.ndarray, dtype=torch.float32) -> torch.Tensor:
     return torch.from_numpy(np.array(a, dtype=np.float32, copy=True)).to(dtype)
 
 
+class Affine(nn.Module):
+    """``nn.Linear`` without its random initialisation: the weights come from the policy."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
 def input_names(spec) -> List[str]:
     """The module's (and the .pt2 program's) positional inputs, named as in the ONNX."""
     names = [C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))]
@@ -71,33 +83,20 @@ class PolicyModule(nn.Module):
                 self.register_buffer(f"norm{i}_div", div)
                 self._pinned.append(f"norm{i}_div")
         self.body = nn.ModuleList()
-        prev = spec.obs_total
         for layer in range(spec.num_layers):
-            lin = nn.Linear(prev, spec.hidden_units)
-            lin.weight = nn.Parameter(_t(T[C.c_body(layer, "weight")], dtype), requires_grad=False)
-            lin.bias = nn.Parameter(_t(T[C.c_body(layer, "bias")], dtype), requires_grad=False)
-            self.body.append(lin)
-            prev = spec.hidden_units
+            self.body.append(Affine(_t(T[C.c_body(layer, "weight")], dtype), _t(T[C.c_body(layer, "bias")], dtype)))
         if spec.memory_size:
             for p in C.LSTM_PARAMS:
                 self.register_parameter(f"lstm_{p}", nn.Parameter(_t(T[C.c_lstm(p)], dtype), requires_grad=False))
-            prev = spec.memory_size // 2
         if spec.continuous_size:
-            self.mu = nn.Linear(prev, spec.continuous_size)
-            self.mu.weight = nn.Parameter(_t(T[C.C_MU_W], dtype), requires_grad=False)
-            self.mu.bias = nn.Parameter(_t(T[C.C_MU_B], dtype), requires_grad=False)
+            self.mu = Affine(_t(T[C.C_MU_W], dtype), _t(T[C.C_MU_B], dtype))
             if spec.conditional_sigma:
-                self.log_sigma = nn.Linear(prev, spec.continuous_size)
-                self.log_sigma.weight = nn.Parameter(_t(T[C.C_LOG_SIGMA_W], dtype), requires_grad=False)
-                self.log_sigma.bias = nn.Parameter(_t(T[C.C_LOG_SIGMA_B], dtype), requires_grad=False)
+                self.log_sigma = Affine(_t(T[C.C_LOG_SIGMA_W], dtype), _t(T[C.C_LOG_SIGMA_B], dtype))
             else:
                 self.log_sigma = nn.Parameter(_t(T[C.C_LOG_SIGMA], dtype), requires_grad=False)
         self.branches = nn.ModuleList()
         for b, n in enumerate(spec.discrete_branches):
-            lin = nn.Linear(prev, n)
-            lin.weight = nn.Parameter(_t(T[C.c_branch(b, "weight")], dtype), requires_grad=False)
-            lin.bias = nn.Parameter(_t(T[C.c_branch(b, "bias")], dtype), requires_grad=False)
-            self.branches.append(lin)
+            self.branches.append(Affine(_t(T[C.c_branch(b, "weight")], dtype), _t(T[C.c_branch(b, "bias")], dtype)))
 
     # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
     def _apply(self, fn, recurse=True):

@@ -76,7 +76,7 @@ def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[
                 feed = make_feed(s, "random", int(n), seed)
                 out = runner.deterministic(feed)
                 finite = finite and all(np.all(np.isfinite(v)) for v in out.values() if v.dtype.kind == "f")
-                ts = time_calls(lambda: runner.deterministic(feed), warmup, iters)
+                ts = time_calls(lambda r=runner, f=feed: r.deterministic(f), warmup, iters)
                 row["batches"][str(n)] = percentiles(ts)
             row["rss_delta_mb"] = (rss_bytes() - rss0) / 2 ** 20
             peak = _cuda_peak(runner.device) if rt == RUNTIME_TORCH else None

@@ -139,7 +139,6 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
 
     # reference for 2/3/4
     ours_sess = ort_session(model_bytes(rebuilt))
-    rebuilt_opset = {x.domain or "": x.version for x in rebuilt.opset_import}[""]
     ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
     run_ours = lambda feed: ort_run(ours_sess, feed)  # noqa: E731
     run_ours_noise = (lambda feed: ort_run(ours_noise, feed)) if ours_noise else None  # noqa: E731

@@ -1,0 +1,370 @@
+"""Issue 5: a whole ML-Agents run directory converted, exported and verified in one command.
+
+Real files only: the committed run directory fixtures/huggy (its training_status.json, step
+checkpoints with their official ONNX, checkpoint.pt), copies of it, and run directories built by
+benchmarks/batch.py from the committed variants (perturbed copies saved with torch.save).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import HUGGY_RUN, ROOT, VARIANTS, run_cli, step_checkpoints
+
+from huggy_convert import __version__
+from huggy_convert.batch import MANIFEST_CSV, MANIFEST_JSON
+from huggy_convert.cli import main
+
+ARTIFACT_SUFFIXES = (".safetensors", ".onnx", ".pt2", ".verify.json", ".golden.npz")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_batch", ROOT / "benchmarks" / "batch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _status(run: Path) -> dict:
+    return json.loads((run / "run_logs" / "training_status.json").read_text())
+
+
+def _listed(run: Path):
+    """(behavior, step, reward, pt name) of every checkpoint training_status.json lists."""
+    out = []
+    for b, v in _status(run).items():
+        if b == "metadata":
+            continue
+        for e in v["checkpoints"]:
+            out.append((b, e["steps"], e["reward"], Path(e["auxillary_file_paths"][0]).name))
+    return out
+
+
+def batch(*args):
+    """The real command, in-process; returns (exit code, stdout, stderr)."""
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    if res.exception and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / MANIFEST_JSON).read_text())
+
+
+def entries(out: Path) -> dict:
+    return {e["source"]: e for e in manifest(out)["checkpoints"]}
+
+
+def artifacts(out: Path) -> dict:
+    return {p.name: _sha(p) for p in sorted(out.iterdir()) if p.name.endswith(ARTIFACT_SUFFIXES)}
+
+
+@pytest.fixture(scope="module")
+def huggy_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("batch") / "out"
+    code, stdout, stderr = batch(HUGGY_RUN, out, "--json", "--jobs", "2")
+    return out, code, json.loads(stdout), stderr
+
+
+# --- the committed run directory ----------------------------------------------------------------
+def test_run_dir_every_listed_checkpoint_with_its_step_reward_and_verdict(huggy_out):
+    out, code, summary, stderr = huggy_out
+    assert code == 0, stderr
+    listed = _listed(HUGGY_RUN)
+    assert listed and len(listed) == len(step_checkpoints(HUGGY_RUN))
+    es = entries(out)
+    doc = manifest(out)
+    assert doc["tool"]["version"] == __version__ and doc["found_by"] == "run_logs/training_status.json"
+    for behavior, step, reward, name in listed:
+        e = es[f"{behavior}/{name}"]
+        src = HUGGY_RUN / behavior / name
+        assert (e["behavior"], e["step"], e["reward"], e["global_step"]) == (behavior, step, reward, step)
+        assert e["source_sha256"] == _sha(src) and e["status"] == "ok" and e["run"] == "converted"
+        assert e["tool_version"] == __version__ and e["seconds"] > 0
+        assert e["reference"] == f"{src.stem}.onnx"  # its own official ONNX
+        v = e["verify"]
+        assert v["verdict"] == "PASS" and v["checks"] == {"1": "pass", "2": "pass", "3": "pass", "4": "pass",
+                                                          "5": "pass"}
+        assert v["safetensors_bitwise"][0] == v["safetensors_bitwise"][1] > 0
+        assert v["onnx_initializers_bitwise"][0] == v["onnx_initializers_bitwise"][1] > 0
+        assert v["outputs_bitwise"][0] == v["outputs_bitwise"][1] > 0
+        assert 0 <= v["module_max_abs"]["cpu float32"] < 1e-5
+        assert any(k.startswith("saved program") for k in v["module_max_abs"])
+        for kind, a in e["outputs"].items():
+            assert a["sha256"] == _sha(out / a["file"]), kind
+        assert sorted(a["file"] for a in e["outputs"].values()) == sorted(f"{src.stem}{s}" for s in ARTIFACT_SUFFIXES)
+        rep = json.loads((out / f"{src.stem}.verify.json").read_text())
+        assert rep["verdict"] == "PASS" and rep["checks"][1]["title"].endswith(f"(official {src.stem}.onnx)")
+    best = max(listed, key=lambda x: x[2])
+    assert (summary["best_reward"], summary["best_step"]) == (best[2], best[1])
+    assert summary["converted"] == len(listed) and summary["failed"] == 0 and summary["skipped"] == 0
+    assert summary["warnings"] == []  # the .pt2 weight swap reproduced torch.export.save
+
+
+def test_checkpoint_pt_is_recognised_as_the_newest_step(huggy_out):
+    out, _, summary, _ = huggy_out
+    newest = step_checkpoints(HUGGY_RUN)[-1]
+    e = entries(out)["Huggy/checkpoint.pt"]
+    assert e["status"] == "same_as" and e["same_as"] == newest.stem and e["stem"] is None
+    assert e["source_sha256"] == _sha(HUGGY_RUN / "Huggy" / "checkpoint.pt") != _sha(newest)
+    assert summary["same_as"] == 1
+    assert not list(out.glob("*checkpoint*"))  # not converted twice
+
+
+def test_profiles_newest_full_others_batch(huggy_out):
+    out, _, _, _ = huggy_out
+    ckpts = step_checkpoints(HUGGY_RUN)
+    es = entries(out)
+    newest = es[f"Huggy/{ckpts[-1].name}"]
+    assert newest["profile"] == "full"
+    assert set(newest["verify"]["module_max_abs"]) >= {"cpu float32", "cpu float16", "cpu bfloat16"}
+    assert set(newest["verify"]["fingerprints"]) == {"64", "128"}
+    for c in ckpts[:-1]:
+        e = es[f"Huggy/{c.name}"]
+        assert e["profile"] == "batch" and "cpu float16" not in e["verify"]["module_max_abs"]
+        rep = json.loads((out / f"{c.stem}.verify.json").read_text())
+        assert any("batch verification profile" in n for n in rep["notes"])
+
+
+def test_artifacts_equal_a_single_conversion(huggy_out, tmp_path):
+    """The .pt2 of later checkpoints is the traced archive with its weights swapped: byte-identical
+    to what torch.export.save writes for that checkpoint alone."""
+    out, _, _, _ = huggy_out
+    for c in step_checkpoints(HUGGY_RUN):
+        code, _, err = batch(c, tmp_path / "single", "--no-verify")
+        assert code == 0, err
+        for s in (".safetensors", ".onnx", ".pt2"):
+            assert _sha(tmp_path / "single" / f"{c.stem}{s}") == _sha(out / f"{c.stem}{s}"), (c.name, s)
+
+
+def test_the_swapped_program_archive_is_what_torch_export_save_writes():
+    """The fast path (3rd checkpoint of an architecture on): the first archive with another
+    checkpoint's weight records, CRCs and serialization id equals torch.export.save's bytes."""
+    from huggy_convert.batch import ProgramTemplate, _module_tensor_bytes
+    from huggy_convert.converter import convert_checkpoint
+    from huggy_convert.pipeline import program_bytes
+
+    a, b = (convert_checkpoint(c).policy for c in step_checkpoints(HUGGY_RUN)[-2:])
+    cache = {}
+    tmpl = ProgramTemplate(program_bytes(a, cache))
+    real = program_bytes(b, cache)
+    assert tmpl.data != real and tmpl.patch(_module_tensor_bytes(b)) == real
+    assert tmpl.patch(_module_tensor_bytes(a)) == tmpl.data
+    from huggy_convert import contract as C
+
+    assert tmpl.read_weights(real)["mu.bias"].tobytes() == b.tensors[C.C_MU_B].tobytes()
+
+
+def test_manifest_csv_has_a_row_per_checkpoint(huggy_out):
+    out, _, _, _ = huggy_out
+    rows = list(csv.DictReader((out / MANIFEST_CSV).open()))
+    es = entries(out)
+    assert [r["source"] for r in rows] == [e["source"] for e in manifest(out)["checkpoints"]]
+    for r in rows:
+        e = es[r["source"]]
+        assert r["source_sha256"] == e["source_sha256"] and r["status"] == e["status"]
+        if e["status"] == "ok":
+            assert int(r["step"]) == e["step"] and float(r["reward"]) == e["reward"] and r["verdict"] == "PASS"
+            assert r["pt2_sha256"] == e["outputs"]["pt2"]["sha256"]
+
+
+def test_rerun_skips_force_redoes_and_a_damaged_output_is_redone(huggy_out, tmp_path):
+    src_out, _, _, _ = huggy_out
+    out = tmp_path / "out"
+    shutil.copytree(src_out, out)
+    before = artifacts(out)
+    code, stdout, err = batch(HUGGY_RUN, out, "--json")
+    s = json.loads(stdout)
+    assert code == 0, err
+    assert (s["converted"], s["skipped"], s["failed"]) == (0, len(_listed(HUGGY_RUN)) + 1, 0)
+    assert all(e["run"] == "skipped" for e in entries(out).values())
+    assert artifacts(out) == before
+    # a damaged output: only that checkpoint is redone, to the same bytes
+    victim = step_checkpoints(HUGGY_RUN)[0]
+    (out / f"{victim.stem}.onnx").write_bytes(b"damaged")
+    code, stdout, err = batch(HUGGY_RUN, out, "--json")
+    s = json.loads(stdout)
+    assert code == 0 and s["converted"] == 1 and entries(out)[f"Huggy/{victim.name}"]["run"] == "converted"
+    assert artifacts(out) == before
+    code, stdout, err = batch(HUGGY_RUN, out, "--json", "--force")
+    s = json.loads(stdout)
+    assert code == 0 and s["converted"] == len(_listed(HUGGY_RUN)) and s["skipped"] == 0
+    assert artifacts(out) == before
+
+
+def test_a_checkpoint_pt_that_matches_no_step_is_converted_as_its_own_entry(tmp_path):
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(HUGGY_RUN, run)
+    ck = torch.load(run / "Huggy" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    w = "action_model._continuous_distribution.mu.bias"
+    ck["Policy"][w] = ck["Policy"][w] + 1e-3
+    torch.save(ck, run / "Huggy" / "checkpoint.pt")
+    out = tmp_path / "out"
+    code, stdout, err = batch(run, out, "--json", "--no-program")
+    assert code == 0, err
+    e = entries(out)["Huggy/checkpoint.pt"]
+    assert e["status"] == "ok" and e["stem"] == "Huggy-checkpoint" and "matches no step" in e["note"]
+    assert e["global_step"] == int(step_checkpoints(HUGGY_RUN)[-1].stem.rsplit("-", 1)[1])
+    assert e["verify"]["verdict"] == "PASS" and (out / "Huggy-checkpoint.safetensors").is_file()
+    assert json.loads(stdout)["same_as"] == 0
+
+
+# --- discovery ------------------------------------------------------------------------------------
+def test_without_training_status_the_file_names_give_the_steps(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(HUGGY_RUN, run)
+    shutil.rmtree(run / "run_logs")
+    out = tmp_path / "out"
+    code, stdout, err = batch(run, out, "--json", "--no-program")
+    assert code == 0, err
+    doc = manifest(out)
+    assert doc["found_by"] == "file names" and doc["training_status"] is None
+    es = entries(out)
+    for c in step_checkpoints(HUGGY_RUN):
+        e = es[f"Huggy/{c.name}"]
+        assert e["step"] == int(c.stem.rsplit("-", 1)[1]) == e["global_step"] and e["reward"] is None
+        assert e["behavior"] == "Huggy" and e["verify"]["verdict"] == "PASS" and not e["listed"]
+    assert es["Huggy/checkpoint.pt"]["same_as"] == step_checkpoints(HUGGY_RUN)[-1].stem
+
+
+def test_the_behavior_folder_finds_the_run_logs_above_it(tmp_path):
+    out = tmp_path / "out"
+    code, stdout, err = batch(HUGGY_RUN / "Huggy", out, "--json", "--no-verify", "--no-program")
+    assert code == 0, err
+    es = entries(out)
+    for behavior, step, reward, name in _listed(HUGGY_RUN):
+        assert (es[f"{behavior}/{name}"]["step"], es[f"{behavior}/{name}"]["reward"]) == (step, reward)
+
+
+def test_several_behaviors_keep_unique_stems(tmp_path):
+    """Two behaviors in one run directory: flat OUT, stems are <Behavior>-<step>."""
+    run = tmp_path / "run"
+    status = {}
+    for v in ("small", "twoobs"):
+        for d in (VARIANTS / v).iterdir():
+            if d.is_dir() and d.name != "run_logs":
+                shutil.copytree(d, run / d.name)
+        status.update({k: x for k, x in _status(VARIANTS / v).items() if k != "metadata"})
+    (run / "run_logs").mkdir()
+    (run / "run_logs" / "training_status.json").write_text(json.dumps(status))
+    out = tmp_path / "out"
+    code, stdout, err = batch(run, out, "--json", "--no-program")
+    assert code == 0, err
+    s = json.loads(stdout)
+    assert s["converted"] == 2 and s["same_as"] == 2
+    for behavior, step, reward, name in _listed(run):
+        e = entries(out)[f"{behavior}/{name}"]
+        assert e["step"] == step and e["verify"]["verdict"] == "PASS"
+        assert (out / f"{behavior}-{step}.safetensors").is_file()
+
+
+# --- failures -------------------------------------------------------------------------------------
+def test_a_corrupt_checkpoint_does_not_stop_the_others(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(HUGGY_RUN, run)
+    ckpts = step_checkpoints(run)
+    bad = ckpts[0]
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 3])
+    out = tmp_path / "out"
+    code, stdout, err = batch(run, out, "--json", "--no-program")
+    assert code == 1
+    s = json.loads(stdout)
+    assert s["failed"] == 1 and s["converted"] == len(ckpts) - 1 and not s["ok"]
+    e = entries(out)[f"Huggy/{bad.name}"]
+    assert e["status"] == "error" and "not a readable torch checkpoint" in e["error"] and "\n" not in e["error"]
+    assert str(bad) in e["error"]
+    assert s["failures"] == [{"source": f"Huggy/{bad.name}", "error": e["error"]}]
+    assert f"huggy-convert: error: {e['error']}" in err.splitlines()
+    for c in ckpts[1:]:
+        assert entries(out)[f"Huggy/{c.name}"]["verify"]["verdict"] == "PASS"
+    assert not (out / f"{bad.stem}.safetensors").exists()
+
+
+def test_a_verification_failure_exits_1(tmp_path):
+    """A checkpoint whose official ONNX is another checkpoint's: check 2 fails, exit 1."""
+    run = tmp_path / "run"
+    shutil.copytree(HUGGY_RUN, run)
+    a, b = step_checkpoints(run)[:2]
+    shutil.copyfile(b.with_suffix(".onnx"), a.with_suffix(".onnx"))
+    a.with_suffix(".golden.npz").unlink(missing_ok=True)
+    out = tmp_path / "out"
+    code, stdout, err = batch(run, out, "--json", "--no-program")
+    assert code == 1
+    e = entries(out)[f"Huggy/{a.name}"]
+    assert e["status"] == "verify_failed" and e["verify"]["verdict"] == "FAIL" and e["verify"]["checks"]["2"] == "fail"
+    assert (out / f"{a.stem}.safetensors").is_file()  # artifacts kept, the report says why
+    assert f"verification failed: {a.stem}" in err
+    assert entries(out)[f"Huggy/{b.name}"]["status"] == "ok"
+
+
+def test_nothing_convertible_exits_2(tmp_path):
+    run = tmp_path / "run"
+    (run / "B").mkdir(parents=True)
+    (run / "B" / "B-10.pt").write_bytes(b"not a checkpoint")
+    code, stdout, err = batch(run, tmp_path / "out", "--json")
+    assert code == 2 and json.loads(stdout)["failed"] == 1
+
+
+def test_an_empty_directory_exits_2_with_one_line(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    code, stdout, err = batch(d, tmp_path / "out")
+    assert code == 2
+    assert err.strip().splitlines() == [f"huggy-convert: error: {d}: no ML-Agents checkpoints (.pt files) in this directory"]
+    assert not (tmp_path / "out").exists()
+
+
+# --- resumable: a real SIGKILL ----------------------------------------------------------------------
+def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
+    run = tmp_path / "results" / "small"
+    _bench().build_run(run, count=24, source=VARIANTS / "small")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    r = run_cli(run, whole, "--json", "--jobs", "2")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["checkpoints"] == 25 and s["converted"] == 24 and s["same_as"] == 1
+
+    env = dict(os.environ, HUGGY_CONVERT_MANIFEST_INTERVAL="0")  # a manifest after every checkpoint
+    p = subprocess.Popen([sys.executable, "-m", "huggy_convert.cli", str(run), str(resumed), "--jobs", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    killed_with = 0
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            killed_with = len(manifest(resumed)["checkpoints"])
+        except (OSError, ValueError):
+            killed_with = 0
+        if killed_with >= 3:
+            os.kill(p.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert 3 <= killed_with < 25
+    (resumed / ".Small-1007.onnx.k1ll3d.tmp").write_bytes(b"half a file")  # what a kill mid-write leaves
+    r = run_cli(run, resumed, "--json", "--jobs", "2")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["skipped"] >= 2 and s["failed"] == 0
+    assert sum(e["run"] in ("converted", "skipped", "checked") for e in manifest(resumed)["checkpoints"]) == 25
+    assert artifacts(resumed) == artifacts(whole) and len(artifacts(whole)) == 24 * len(ARTIFACT_SUFFIXES)
+    assert [p.name for p in resumed.iterdir() if p.name.endswith(".tmp")] == []
+    assert sorted(p.name for p in resumed.iterdir()) == sorted(p.name for p in whole.iterdir())
