@@ -1,7 +1,7 @@
 """Devices and dtypes for the torch module. torch_npu is imported only when ``npu`` is asked for."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from ..errors import DeviceError
 
@@ -55,10 +55,16 @@ def resolve_device(name: str) -> str:
     raise DeviceError(f"unknown device '{name}': choose cpu, cuda, npu or auto")
 
 
-def available_devices(include_npu: bool = False) -> List[str]:
-    """Every device index present: cpu always, each CUDA device, and NPUs when asked to look."""
+def available_devices(include_npu: Optional[bool] = None) -> List[str]:
+    """Every device index present: cpu always, each CUDA device, and each NPU. ``include_npu=None``
+    looks for NPUs only where torch_npu is installed (on such a machine ``import torch`` loads it
+    anyway, since torch 2.5); elsewhere torch_npu is never imported."""
+    import importlib.util
+
     import torch
 
+    if include_npu is None:
+        include_npu = importlib.util.find_spec("torch_npu") is not None
     out = ["cpu"]
     if torch.cuda.is_available():
         out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]

@@ -664,11 +664,9 @@ def make_runner(src: Source, device: str = "cpu", dtype: str = "float32", runtim
 
 def devices_present() -> List[str]:
     """cpu, each CUDA device, and NPUs (torch_npu is imported only where it is installed)."""
-    import importlib.util
-
     from ..exporters.devices import available_devices
 
-    return available_devices(include_npu=importlib.util.find_spec("torch_npu") is not None)
+    return available_devices()
 
 
 def to_jsonable(o):

@@ -34,7 +34,7 @@ class VerifyOptions:
     cosine: Dict[str, float] = field(default_factory=dict)
     rtol: Dict[str, float] = field(default_factory=dict)
     fingerprint_steps: Sequence[int] = (64, 128)
-    include_npu: bool = False
+    include_npu: Optional[bool] = None  # None: NPUs where torch_npu is installed
 
 
 def environment(devices: Sequence[str]) -> Dict[str, object]:
