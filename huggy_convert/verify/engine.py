@@ -200,6 +200,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
 
     # 4
     c4 = Check(f"4 torch module vs {ref_name} (onnxruntime)")
+    cpu32 = None  # the cpu float32 module, reused by the fingerprints
     for dev in devices:
         for dt in o.dtypes:
             try:
@@ -209,6 +210,8 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
                 continue
             norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
             runner = module_runner(mod)
+            if dev == "cpu" and dt == "float32":
+                cpu32 = runner
             zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
             sub = K.check_module_outputs(f"{dev} {dt}", runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol)
             if dt == "float32" and ref_noised is not None:
@@ -246,7 +249,8 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
 
     # 5
     c5 = Check("5 determinism fingerprints")
-    cpu32 = module_runner(build_module(policy, "cpu", "float32"))
+    if cpu32 is None:
+        cpu32 = module_runner(build_module(policy, "cpu", "float32"))
     fps = {}
     for steps in o.fingerprint_steps:
         a = K.fingerprint(cpu32, policy, steps, o.seed)
