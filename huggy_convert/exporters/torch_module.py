@@ -97,6 +97,11 @@ class PolicyModule(nn.Module):
         self.branches = nn.ModuleList()
         for b, n in enumerate(spec.discrete_branches):
             self.branches.append(Affine(_t(T[C.c_branch(b, "weight")], dtype), _t(T[C.c_branch(b, "bias")], dtype)))
+        # plain-Python facts for a lean forward (batch-1 latency is mostly interpreter time)
+        self._n_obs = len(spec.obs_sizes)
+        self._norm_keys = tuple((f"norm{i}_mean", f"norm{i}_div") for i in range(self._n_obs)) if spec.normalize else ()
+        self._layers = tuple(self.body)
+        self._clip_actions = bool(spec.continuous_size) and not spec.tanh_squash
 
     # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
     def _apply(self, fn, recurse=True):
@@ -116,27 +121,28 @@ class PolicyModule(nn.Module):
         return output_names(self.spec)
 
     def _split(self, inputs):
-        k = len(self.spec.obs_sizes)
-        obs = list(inputs[:k])
-        rest = list(inputs[k:])
-        masks = rest.pop(0) if self.spec.discrete_branches else None
-        memories = rest.pop(0) if self.spec.memory_size else None
-        return obs, masks, memories
+        k = self._n_obs
+        rest = inputs[k:]
+        masks = rest[0] if self.spec.discrete_branches else None
+        memories = rest[-1] if self.spec.memory_size else None
+        return inputs[:k], masks, memories
 
     def _encode(self, obs, memories):
+        buffers, ndt, cdt = self._buffers, self.normalizer_dtype, self.compute_dtype
         parts = []
         for i, x in enumerate(obs):
-            if self.spec.normalize:
-                if x.dtype != self.normalizer_dtype:
-                    x = x.to(self.normalizer_dtype)
-                x = torch.clamp((x - getattr(self, f"norm{i}_mean")) / getattr(self, f"norm{i}_div"),
-                                -C.NORM_CLIP, C.NORM_CLIP)
-            if x.dtype != self.compute_dtype:
-                x = x.to(self.compute_dtype)
+            if self._norm_keys:
+                mean_key, div_key = self._norm_keys[i]
+                if x.dtype != ndt:
+                    x = x.to(ndt)
+                x = torch.clamp((x - buffers[mean_key]) / buffers[div_key], -C.NORM_CLIP, C.NORM_CLIP)
+            if x.dtype != cdt:
+                x = x.to(cdt)
             parts.append(x)
         h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        for lin in self.body:
-            z = F.linear(h, lin.weight, lin.bias)
+        for lin in self._layers:
+            p = lin._parameters
+            z = F.linear(h, p["weight"], p["bias"])
             h = z * torch.sigmoid(z)  # Swish as ML-Agents exports it (Sigmoid, Mul); F.silu rounds differently
         new_mem = None
         if self.spec.memory_size:
@@ -168,10 +174,11 @@ class PolicyModule(nn.Module):
         h, new_mem = self._encode(obs, memories)
         out = []
         if self.spec.continuous_size:
-            mu = F.linear(h, self.mu.weight, self.mu.bias)
+            p = self.mu._parameters
+            mu = F.linear(h, p["weight"], p["bias"])
             if mu.dtype != torch.float32:
                 mu = mu.float()
-            out.append(mu if self.spec.tanh_squash else torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP)
+            out.append(torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP if self._clip_actions else mu)
         if self.spec.discrete_branches:
             out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, masks)], dim=1))
         if self.spec.memory_size:
