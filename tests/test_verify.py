@@ -190,3 +190,14 @@ def test_ulp_distance():
     b = np.nextafter(a, np.float32(np.inf))
     assert ulp_distance(a, b).tolist() == [1, 1, 1, 1]
     assert ulp_distance(np.float32([-1e-45]), np.float32([1e-45])).tolist() == [2]
+
+
+def test_other_opset_compares_outputs_and_warns_on_structure(tmp_path):
+    res = convert_one(HUGGY, tmp_path, ConvertOptions(opset=13, program=False, verify_options=VerifyOptions(
+        dtypes=("float32",), fingerprint_steps=(64,))))
+    rep = res.report
+    assert rep.ok and rep.verdict == "PASS (with warnings)", rep.render()
+    assert "rebuilt 13, official 9" in rep.render()
+    c3 = next(c for c in rep.checks if c.title.startswith("3 "))
+    det = [c for c in c3.children if c.title.startswith("deterministic_continuous_actions")]
+    assert det and all(c.status == "pass" and c.summary.startswith("bitwise") for c in det)
