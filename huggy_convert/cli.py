@@ -162,10 +162,28 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices,
 from .modes import register as _register_modes
 _register_modes(main)
 def entry() -> None:  # console script
+    """Run the CLI, then leave without the interpreter's teardown (torch's and onnxruntime's
+    finalisers take ~0.5 s): every artifact is already written, closed and renamed by then."""
+    import os
+
     try:
-        main(standalone_mode=True)
-    except KeyboardInterrupt:  # pragma: no cover
-        sys.exit(130)
+        code = main(standalone_mode=False)
+        code = 0 if code is None else code
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:
+        e.show()
+        code = e.exit_code
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
