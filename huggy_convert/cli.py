@@ -159,8 +159,11 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices,
     sys.exit(run_guarded(go, as_json))
 
 
-from .modes import register as _register_modes
+from .modes import register as _register_modes  # noqa: E402 (the modes register on the group above)
+
 _register_modes(main)
+
+
 def entry() -> None:  # console script
     """Run the CLI, then leave without the interpreter's teardown (torch's and onnxruntime's
     finalisers take ~0.5 s): every artifact is already written, closed and renamed by then."""

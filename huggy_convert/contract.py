@@ -14,6 +14,18 @@ CKPT_GLOBAL_STEP = "global_step"
 GLOBAL_STEP_KEY = "_GlobalSteps__global_step"
 CKPT_KNOWN_PREFIXES = ("Optimizer:", "Module:")
 
+# --- run directory (results/<run-id>/) -------------------------------------------------
+STATUS_FILE = "run_logs/training_status.json"
+CHECKPOINT_FILE = "checkpoint.pt"  # the newest step saved a second time
+STATUS_METADATA = "metadata"
+STATUS_CHECKPOINTS = "checkpoints"
+STATUS_FINAL = "final_checkpoint"
+STATUS_STEPS = "steps"
+STATUS_REWARD = "reward"
+STATUS_CREATION_TIME = "creation_time"
+STATUS_FILE_PATH = "file_path"  # the .onnx
+STATUS_AUX_FILES = "auxillary_file_paths"  # (sic) the .pt
+
 # --- Policy state dict (SimpleActor) ----------------------------------------------------
 K_VERSION = "version_number"
 K_IS_CONTINUOUS = "is_continuous_int_deprecated"

@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import onnx
 
@@ -79,6 +79,16 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
+    """How the observation width splits, from the official ONNX's inputs, for a policy without
+    normalizers (``normalize: false`` keeps no per-observation tensors); None otherwise."""
+    if model is None or any(".normalizer." in k for k in ckpt.policy):
+        return None
+    sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in model.graph.input
+             if d.name.startswith(C.OBS_INPUT.format(i=""))]
+    return sizes if len(sizes) > 1 and all(sizes) else None
+
+
 def load_reference(path: Path) -> onnx.ModelProto:
     if not path.is_file():
         raise InputError("reference ONNX not found", path)
@@ -129,19 +139,14 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     o = options or ConvertOptions()
     src = Path(source)
     ckpt = checkpoint or load_checkpoint(src)
-    conv = policy_from_checkpoint(ckpt, obs_sizes=o.obs_sizes)
+    reference = Path(o.reference) if o.reference else default_reference(src)
+    official = load_reference(reference) if reference else None
+    sizes = o.obs_sizes if o.obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
+    conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
     stem = stem or src.stem
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
-    reference = Path(o.reference) if o.reference else default_reference(src)
-    official = load_reference(reference) if reference else None
-    if official is not None and o.obs_sizes is None and not conv.policy.spec.normalize:
-        # normalize:false keeps no per-observation tensors: take the split from the official inputs
-        sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in official.graph.input
-                 if d.name.startswith("obs_")]
-        if len(sizes) > 1 and sum(sizes) == conv.policy.spec.obs_total:
-            conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
 
     # build everything in memory, then write
     blobs = {"safetensors": (SUFFIX_POLICY, policy_bytes(conv.policy.tensors, conv.policy.metadata))}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 PPO = "ppo"
 SAC = "sac"
@@ -61,6 +61,30 @@ class PolicySpec:
         norm = "normalized " if self.normalize else ""
         return (f"{self.algorithm.upper()} actor: {norm}obs {obs} -> {self.num_layers}x{self.hidden_units} "
                 f"{self.activation}{mem} -> {' + '.join(heads)}")
+
+    def input_names(self) -> List[str]:
+        """The policy's inputs as Unity names them: ``obs_0..``, ``action_masks``, ``recurrent_in``."""
+        from .. import contract as C
+
+        names = [C.OBS_INPUT.format(i=i) for i in range(len(self.obs_sizes))]
+        if self.discrete_branches:
+            names.append(C.ACTION_MASKS)
+        if self.memory_size:
+            names.append(C.RECURRENT_IN)
+        return names
+
+    def deterministic_output_names(self) -> List[str]:
+        """The deterministic outputs of every head, in ML-Agents' order."""
+        from .. import contract as C
+
+        names = []
+        if self.continuous_size:
+            names.append(C.OUT_CONT_DET)
+        if self.discrete_branches:
+            names.append(C.OUT_DISC_DET)
+        if self.memory_size:
+            names.append(C.RECURRENT_OUT)
+        return names
 
     def parameter_count(self, include_log_sigma: bool = True) -> int:
         """Trainable parameters of the actor (linear layers, LSTM, heads; normalizer excluded)."""

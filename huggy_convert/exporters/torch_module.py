@@ -41,26 +41,12 @@ class Affine(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def input_names(spec) -> List[str]:
-    """The module's (and the .pt2 program's) positional inputs, named as in the ONNX."""
-    names = [C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))]
-    if spec.discrete_branches:
-        names.append(C.ACTION_MASKS)
-    if spec.memory_size:
-        names.append(C.RECURRENT_IN)
-    return names
-
-
-def output_names(spec) -> List[str]:
-    """The module's deterministic outputs, in ML-Agents' order."""
-    names = []
-    if spec.continuous_size:
-        names.append(C.OUT_CONT_DET)
-    if spec.discrete_branches:
-        names.append(C.OUT_DISC_DET)
-    if spec.memory_size:
-        names.append(C.RECURRENT_OUT)
-    return names
+def draw_noise(spec, batch: int, seed: int):
+    """(normal noise [batch, A], uniform [batch, branches]) drawn on the CPU from ``seed``."""
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+    eps = torch.randn(batch, spec.continuous_size, generator=g, dtype=torch.float32)
+    u = torch.rand(batch, len(spec.discrete_branches), generator=g, dtype=torch.float32)
+    return eps, u
 
 
 class PolicyModule(nn.Module):
@@ -114,11 +100,11 @@ class PolicyModule(nn.Module):
 
     @property
     def input_names(self) -> List[str]:
-        return input_names(self.spec)
+        return self.spec.input_names()
 
     @property
     def output_names(self) -> List[str]:
-        return output_names(self.spec)
+        return self.spec.deterministic_output_names()
 
     def _split(self, inputs):
         k = self._n_obs
@@ -187,10 +173,7 @@ class PolicyModule(nn.Module):
 
     def draw_noise(self, batch: int, seed: int):
         """The noise ``sample`` uses for ``seed``: drawn on the CPU, the same on every device."""
-        g = torch.Generator(device="cpu").manual_seed(int(seed))
-        eps = torch.randn(batch, self.spec.continuous_size, generator=g, dtype=torch.float32)
-        u = torch.rand(batch, len(self.spec.discrete_branches), generator=g, dtype=torch.float32)
-        return eps, u
+        return draw_noise(self.spec, batch, seed)
 
     def sample(self, *inputs, seed: Optional[int] = None, noise=None, uniform=None):
         """Stochastic actions: (continuous_actions?, discrete_actions?) in ML-Agents' order."""

@@ -6,7 +6,7 @@ from typing import Dict
 import numpy as np
 
 from .common import ModeResult
-from .sources import Source, deterministic_names, make_feed, make_runner
+from .sources import Source, make_feed, make_runner
 
 
 def _obs_label(obs: str, seed: int) -> str:
@@ -39,7 +39,7 @@ def act(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str =
     runner = make_runner(src, device, dtype, runtime)
     feed = make_feed(src, obs, rows, seed)
     out = runner.deterministic(feed)
-    outputs = {k: out[k] for k in deterministic_names(src.spec) if k in out}
+    outputs = {k: out[k] for k in src.spec.deterministic_output_names() if k in out}
     r = ModeResult("act")
     r.data = dict(_base(src, runner, obs, rows, seed, feed), outputs=outputs)
     r.timings = {"build_s": runner.build_seconds}

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from .common import ModeResult, compact_stats, g, is_bitwise, tolerance, within
-from .sources import Source, deterministic_names, make_feed, make_runner
+from .sources import Source, make_feed, make_runner
 from ..verify.compare import array_stats
 
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
@@ -26,7 +26,7 @@ def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str
     runner = make_runner(src, device, dtype, runtime)
     big = sizes[-1]
     feed = make_feed(src, "random", big, seed)
-    names = deterministic_names(src.spec)
+    names = src.spec.deterministic_output_names()
     ref = runner.deterministic(feed)
     tol = tolerance(runner.dtype)
     r = ModeResult("batch")

@@ -147,9 +147,9 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
                 present = "present" if ck.get("pt_present") and ck.get("onnx_present", True) else "MISSING files"
                 reward = ck.get("reward")
                 L.append(f"    step {ck['steps']}: reward {g(reward, 6) if reward is not None else '?'}, "
-                         f"{ck.get('onnx') or ''} {pts or ''} ({present})")
-            if b.get("final"):
-                L.append(f"    final: step {b['final']['steps']} -> {b['final']['onnx']}")
+                         f"{ck.get('onnx') or ''} {pts or ''} ({present}){', newest' if ck.get('newest') else ''}")
+            if b.get("checkpoint_pt"):
+                L.append(f"    {b['checkpoint_pt']}")
     L.append(f"  environment: torch {env['torch']}, onnx {env['onnx']}, onnxruntime {env['onnxruntime']}, "
              f"python {env['python']}")
     L.append("  devices: " + ", ".join(f"{k} ({v})" for k, v in env["devices"].items())

@@ -27,8 +27,9 @@ from .. import contract as C
 from ..errors import HuggyError, InputError
 from ..verify.compare import DEFAULT_TOLERANCES, array_stats
 from .common import FAIL, PASS, SKIP, ModeResult, g, is_bitwise, within
-from .sources import (Source, deterministic_names, devices_present, display_path, load_source, make_feed,
-                      make_runner, ort_providers, step_checkpoints)
+from .sources import (Source, devices_present, display_path, load_source, make_feed,
+                      make_runner, ort_providers)
+from ..rundir import step_checkpoints
 
 GROUPS = {
     1: "environment and model info",
@@ -167,6 +168,10 @@ class Matrix:
             return "CUDAExecutionProvider" in self.providers
         return any(d.startswith(what) for d in self.devices)
 
+    def present_variants(self):
+        """(name, newest step checkpoint) of every variant fixture that has one."""
+        return [(name, ck) for name, ck in self.variants.items() if ck is not None]
+
     def variant(self, name: str) -> Path:
         ck = self.variants.get(name)
         if ck is None:
@@ -203,7 +208,7 @@ class Matrix:
     def vs_official(self, ck: Path, feed, bitwise_ort: bool = True) -> Outcome:
         """torch fp32 vs ORT official (<= 1e-6) and ORT rebuilt vs ORT official (bitwise)."""
         s = self.src(ck)
-        names = deterministic_names(s.spec)
+        names = s.spec.deterministic_output_names()
         off = self.det(ck.with_suffix(".onnx"), feed)
         torch_out = self.det(ck, feed)
         ort_out = self.det(ck, feed, runtime="onnxruntime")
@@ -584,10 +589,7 @@ class Matrix:
             from .precision import precision
 
             figs, ok = {}, True
-            for name in vnames:
-                vck = self.variants[name]
-                if vck is None:
-                    continue
+            for name, vck in self.present_variants():
                 row = precision(self.src(vck), ["cpu"], ["float16"], 64, 0).data["results"][0]
                 cos = [float(s["cosine"]) for s in row["outputs"].values() if "cosine" in s and "mismatches" not in s]
                 eq = [f"{s['bitwise_equal']}/{s['count']}" for s in row["outputs"].values() if "mismatches" in s]
@@ -712,10 +714,7 @@ class Matrix:
             from ..verify.checks import fingerprint as fp
 
             figs, ok = {}, True
-            for name in vnames:
-                vck = self.variants[name]
-                if vck is None:
-                    continue
+            for name, vck in self.present_variants():
                 s = self.src(vck)
                 t1 = fp(make_runner(s).run, s.policy, 64, 0)
                 t2 = fp(make_runner(s).run, s.policy, 64, 0)
@@ -778,10 +777,7 @@ class Matrix:
         for stochastic in (False, True):
             def c_var_roll(stochastic=stochastic):
                 figs, ok = {}, True
-                for name in vnames:
-                    vck = self.variants[name]
-                    if vck is None:
-                        continue
+                for name, vck in self.present_variants():
                     r = roll(vck, stochastic, steps=128)
                     figs[name] = f"max|u|={r.data['max_abs_u']:.4f}"
                     ok = ok and r.ok
@@ -898,10 +894,7 @@ class Matrix:
 
         def c_var_export():
             figs, ok = {}, True
-            for name in vnames:
-                vck = self.variants[name]
-                if vck is None:
-                    continue
+            for name, vck in self.present_variants():
                 _, r = self.exported(13, vck)
                 figs[name] = "bitwise" if r.data["bitwise"] else f"max_abs={max(o.get('max_abs', 0) for o in r.data['outputs'].values()):.3g}"
                 ok = ok and r.ok
@@ -910,14 +903,14 @@ class Matrix:
                  self.cmd("export", self.fx / "variants" / "<name>", "--opset 13"), c_var_export)
 
         def c_pt2():
-            from ..exporters.torch_module import build_module, export_program, input_names, output_names, save_program
+            from ..exporters.torch_module import build_module, export_program, save_program
             from ..verify.engine import module_runner, program_runner
 
             s = self.src(ck)
             mod = build_module(s.policy)
             p = self.file(f"{ck.stem}.pt2")
             save_program(export_program(mod), p)
-            run, bufs = program_runner(p, input_names(s.spec), output_names(s.spec))
+            run, bufs = program_runner(p, s.spec.input_names(), s.spec.deterministic_output_names())
             feed = make_feed(s, "probes", 64, 0)
             st = array_stats(module_runner(mod)(feed)[C.OUT_CONT_DET], run(feed)[C.OUT_CONT_DET])
             return Outcome(within(st, FP32) and all(v == "float32" for v in bufs.values()), _st(st) | {"normalizer": sorted(set(bufs.values()))})

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Sequence
 from ..errors import HuggyError
 from ..verify.compare import array_stats
 from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, g, stats_line, tolerance
-from .sources import DTYPES, KIND_ONNX, Source, deterministic_names, devices_present, make_feed, make_runner
+from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
 
 
 def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequence[str] = DTYPES,
@@ -18,7 +18,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
     exactly in float32; in reduced precision a flipped argmax is a WARN."""
     devices = list(devices) if devices else devices_present()
     feed = make_feed(src, "probes", rows, seed)
-    names = deterministic_names(src.spec)
+    names = src.spec.deterministic_output_names()
     ref_runner = make_runner(src, "cpu", "float32", runtime)
     ref = ref_runner.deterministic(feed)
     r = ModeResult("precision")

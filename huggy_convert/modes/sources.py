@@ -18,6 +18,7 @@ import numpy as np
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
+from ..rundir import newest_checkpoint
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
@@ -37,77 +38,24 @@ def display_path(p) -> str:
 
 
 # --- run directories ---------------------------------------------------------------------
-def _resolve_logged(run_dir: Path, logged: str) -> Optional[Path]:
-    """training_status.json paths are relative to where mlagents-learn ran (results/<run-id>/...):
-    try ever shorter suffixes of the logged path below ``run_dir``."""
-    parts = Path(logged).parts
-    for k in range(len(parts)):
-        cand = run_dir.joinpath(*parts[k:])
-        if cand.is_file():
-            return cand
-    return None
-
-
-def step_of(path: Path) -> Optional[int]:
-    tail = path.stem.rsplit("-", 1)
-    if len(tail) == 2 and tail[1].isdigit():
-        return int(tail[1])
-    return None
-
-
-def step_checkpoints(run_dir: Path) -> List[Path]:
-    """``<Behavior>/<Behavior>-<step>.pt`` below ``run_dir``, oldest first."""
-    files = [p for p in Path(run_dir).glob("*/*-*.pt") if step_of(p) is not None]
-    return sorted(files, key=lambda p: (step_of(p), str(p)))
-
-
 def run_inventory(run_dir) -> Dict[str, object]:
-    """Checkpoint inventory of a run directory from ``run_logs/training_status.json``."""
-    run_dir = Path(run_dir)
-    status = run_dir / "run_logs" / "training_status.json"
-    out: Dict[str, object] = {"run_dir": str(run_dir), "training_status": None, "behaviors": {}}
-    if not status.is_file():
-        out["behaviors"] = {"(no training_status.json)": {"checkpoints": [
-            {"steps": step_of(p), "pt": display_path(p), "pt_present": True} for p in step_checkpoints(run_dir)]}}
-        return out
-    try:
-        doc = json.loads(status.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"not readable JSON ({' '.join(str(exc).split())[:120]})", status) from None
-    out["training_status"] = display_path(status)
-    out["metadata"] = doc.get("metadata", {})
-    for beh, entry in doc.items():
-        if beh == "metadata" or not isinstance(entry, dict):
+    """Checkpoint inventory of a run directory (``rundir.discover``: training_status.json, else
+    the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
+    from ..rundir import discover
+
+    root, status, items, warnings = discover(Path(run_dir))
+    out: Dict[str, object] = {"run_dir": str(run_dir), "training_status": display_path(status) if status else None,
+                              "warnings": warnings, "behaviors": {}}
+    for it in items:
+        beh = out["behaviors"].setdefault(it.behavior or "(unknown)", {"checkpoints": [], "checkpoint_pt": None})
+        if it.kind == "checkpoint":
+            beh["checkpoint_pt"] = None if it.missing else display_path(it.path)
             continue
-        rows = []
-        for ck in entry.get("checkpoints", []) or []:
-            onnx_p = _resolve_logged(run_dir, ck.get("file_path", "")) if ck.get("file_path") else None
-            pts = [_resolve_logged(run_dir, a) for a in ck.get("auxillary_file_paths", []) or []]
-            rows.append({"steps": ck.get("steps"), "reward": ck.get("reward"),
-                         "onnx": display_path(onnx_p) if onnx_p else ck.get("file_path"),
-                         "onnx_present": onnx_p is not None,
-                         "pt": [display_path(p) if p else a for p, a in zip(pts, ck.get("auxillary_file_paths", []))],
-                         "pt_present": bool(pts) and all(p is not None for p in pts)})
-        fin = entry.get("final_checkpoint") or {}
-        final = None
-        if fin:
-            fp = _resolve_logged(run_dir, fin.get("file_path", "")) if fin.get("file_path") else None
-            final = {"steps": fin.get("steps"), "reward": fin.get("reward"),
-                     "onnx": display_path(fp) if fp else fin.get("file_path"), "onnx_present": fp is not None}
-        ckpt_pt = run_dir / beh / "checkpoint.pt"
-        out["behaviors"][beh] = {"checkpoints": rows, "final": final,
-                                 "checkpoint_pt": display_path(ckpt_pt) if ckpt_pt.is_file() else None}
+        onnx_p = it.path.with_suffix(".onnx")
+        beh["checkpoints"].append({"steps": it.step, "reward": it.reward, "pt": display_path(it.path),
+                                   "pt_present": not it.missing, "onnx": display_path(onnx_p),
+                                   "onnx_present": onnx_p.is_file(), "newest": it.newest})
     return out
-
-
-def newest_checkpoint(run_dir: Path) -> Path:
-    files = step_checkpoints(run_dir)
-    if files:
-        return files[-1]
-    cands = sorted(Path(run_dir).glob("*/checkpoint.pt"))
-    if cands:
-        return cands[0]
-    raise InputError("no checkpoint in this directory (expected <Behavior>/<Behavior>-<step>.pt)", run_dir)
 
 
 # --- ONNX reading ------------------------------------------------------------------------
@@ -315,24 +263,11 @@ class Source:
         return Policy(spec=self.spec, tensors=tensors)
 
 
-def _obs_sizes_beside(ckpt_path: Path) -> Optional[List[int]]:
-    """Observation widths from the official ``<stem>.onnx`` beside a checkpoint: a policy without
-    normalizers keeps no per-observation tensors, so only its ONNX knows how the width splits."""
-    onnx_path = ckpt_path.with_suffix(".onnx")
-    if not onnx_path.is_file():
-        return None
-    try:
-        spec = OnnxView(load_onnx(onnx_path)).spec()
-    except Exception:  # an unreadable neighbour does not make the checkpoint unreadable
-        return None
-    return list(spec.obs_sizes) if len(spec.obs_sizes) > 1 and all(spec.obs_sizes) else None
-
-
 def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
     """Read a mode's input: ``.pt`` checkpoint, ``.safetensors`` policy, ``.onnx`` model, or a run
     directory (its newest step checkpoint)."""
-    from ..converter import load_policy, policy_from_checkpoint
-    from ..converter.checkpoint import load_checkpoint
+    from ..converter import load_checkpoint, load_policy, policy_from_checkpoint
+    from ..pipeline import default_reference, load_reference, obs_sizes_from_reference
 
     p = Path(path)
     t0 = time.perf_counter()
@@ -345,8 +280,12 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
     suffix = p.suffix.lower()
     if suffix in CKPT_SUFFIXES:
         ckpt = load_checkpoint(p)
-        if obs_sizes is None and not any(".normalizer." in k for k in ckpt.policy):
-            obs_sizes = _obs_sizes_beside(p)
+        ref = default_reference(p)
+        if obs_sizes is None and ref is not None:
+            try:  # an unreadable neighbour does not make the checkpoint unreadable
+                obs_sizes = obs_sizes_from_reference(ckpt, load_reference(ref))
+            except InputError:
+                pass
         conv = policy_from_checkpoint(ckpt, obs_sizes=obs_sizes)
         src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
     elif suffix == ".safetensors":
@@ -369,18 +308,6 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
 
 
 # --- observations ------------------------------------------------------------------------
-def input_names(spec: PolicySpec) -> List[str]:
-    from ..exporters.torch_module import input_names as names
-
-    return names(spec)
-
-
-def deterministic_names(spec: PolicySpec) -> List[str]:
-    from ..exporters.torch_module import output_names
-
-    return output_names(spec)
-
-
 def random_obs(src: Source, rows: int, seed: int) -> Dict[str, np.ndarray]:
     """Observations at the normalizer's scale: ``mean + divisor * z``, z ~ N(0, 1) from
     ``numpy.random.default_rng(seed)`` (unit scale without a normalizer)."""
@@ -427,7 +354,7 @@ def _split_flat(spec: PolicySpec, a, path: Path) -> Dict[str, np.ndarray]:
 
 
 def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.ndarray]:
-    names = input_names(spec)
+    names = spec.input_names()
     unknown = [k for k in d if k not in names]
     if unknown:
         raise InputError(f"unknown input '{unknown[0]}' (the policy takes {', '.join(names)})", path)
@@ -575,14 +502,9 @@ class Runner:
 
 def draw_noise(spec: PolicySpec, rows: int, seed: int):
     """The noise ``PolicyModule.sample`` draws for ``seed`` (on the CPU), as numpy arrays."""
-    from ..exporters.torch_module import PolicyModule
+    from ..exporters.torch_module import draw_noise as torch_noise
 
-    class _Shim:
-        pass
-
-    shim = _Shim()
-    shim.spec = spec
-    eps, u = PolicyModule.draw_noise(shim, rows, seed)
+    eps, u = torch_noise(spec, rows, seed)
     return eps.numpy(), u.numpy()
 
 

@@ -230,10 +230,9 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
         zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
         c4.add(K.check_module_outputs(title, runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol))
     if pt2_path is not None and Path(pt2_path).is_file():
-        from ..exporters.torch_module import input_names, output_names
 
         try:
-            prun, pbuf = program_runner(pt2_path, input_names(spec), output_names(spec))
+            prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
             dt = "float32"
             if any(v == "float16" for v in pbuf.values()):
                 dt = "float16"
