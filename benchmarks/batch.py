@@ -13,11 +13,18 @@ Prints, measured side by side in one run: the batch's wall time, ms per checkpoi
 batch process (``ru_maxrss`` from ``os.wait4``), the mean of a few separate invocations and its
 extrapolation to the whole run, and the ratio. No thresholds are asserted here.
 
+It also prints the floor under any single-process batch on this machine, measured in a fresh
+interpreter the same way: importing torch, reading + sha256 + ``torch.load(weights_only=True)`` of
+every step checkpoint with the batch's worker count (the loader's unpickler is pure Python and holds
+the interpreter lock), and the process's first ``torch.export`` of the policy (dynamo's imports
+and trace); what the batch does beyond that (ONNX, .pt2, verification, writing) comes on top.
+
     python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -123,13 +130,50 @@ def measure(args) -> dict:
                 "err": fe.read().decode()[-3000:]}
 
 
+def floor_child(run: Path, jobs: int) -> None:
+    """(fresh interpreter) print JSON: seconds to import torch, to read + hash + load every step
+    checkpoint with ``jobs`` threads, and for the first torch.export of the newest one's policy."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    t = time.perf_counter()
+    import torch
+    t_import = time.perf_counter() - t
+    files = _step_files(run)
+
+    def one(p: Path) -> int:
+        data = p.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return len(data)
+
+    torch.set_num_threads(1)
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as ex:
+        size = sum(ex.map(one, files))
+    t_load = time.perf_counter() - t
+    from huggy_convert.converter import convert_checkpoint
+    from huggy_convert.exporters.torch_module import build_module, export_program
+
+    module = build_module(convert_checkpoint(files[-1]).policy)
+    t = time.perf_counter()
+    export_program(module)
+    t_export = time.perf_counter() - t
+    print(json.dumps({"import_torch": t_import, "load": t_load, "files": len(files), "bytes": size,
+                      "first_export": t_export, "jobs": jobs}))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=201)
     ap.add_argument("--jobs", type=int, default=0, help="batch workers (default: the command's default, the cores)")
     ap.add_argument("--singles", type=int, default=3, help="separate invocations to time and extrapolate")
     ap.add_argument("--keep", type=Path, help="build the run and outputs here and keep them")
+    ap.add_argument("--floor-child", nargs=2, metavar=("RUN", "JOBS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.floor_child:
+        floor_child(Path(a.floor_child[0]), int(a.floor_child[1]))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="huggy-batch-bench-")) if a.keep is None else a.keep
     tmp.mkdir(parents=True, exist_ok=True)
     try:
@@ -160,6 +204,13 @@ def main(argv=None) -> int:
         per = (b["wall"] - m["wall"]) / (n - k)
         print(f"  {k} checkpoints: wall {m['wall']:.2f} s, peak RSS {m['rss']:.0f} MB -> marginal {1000 * per:.1f} ms "
               f"per checkpoint, fixed {m['wall'] - k * per:.2f} s (import, first torch.export trace, exit)")
+        fl = json.loads(subprocess.run([sys.executable, __file__, "--floor-child", str(run), str(s["jobs"])],
+                                       check=True, capture_output=True, text=True).stdout)
+        floor_s = fl["import_torch"] + fl["load"] + fl["first_export"]
+        print(f"floor (fresh interpreter, nothing converted): import torch {fl['import_torch']:.2f} s + read, sha256 "
+              f"and torch.load(weights_only=True) of the {fl['files']} checkpoints ({fl['bytes'] / 1e9:.2f} GB, "
+              f"{fl['jobs']} threads) {fl['load']:.2f} s + the first torch.export {fl['first_export']:.2f} s "
+              f"= {floor_s:.2f} s ({100 * floor_s / b['wall']:.0f}% of the batch's wall time)")
         r = measure([run, tmp / "out", "--json", *jobs])
         rs = json.loads(r["out"])
         print(f"rerun (all {rs['skipped']} skipped, every source and output re-hashed): wall {r['wall']:.2f} s, "
@@ -177,7 +228,7 @@ def main(argv=None) -> int:
         print(f"ratio: the batch is {est / b['wall']:.1f}x faster than separate invocations")
         print(f"SUMMARY checkpoints={n} wall_s={b['wall']:.2f} ms_per_ckpt={1000 * b['wall'] / n:.1f} "
               f"marginal_ms={1000 * per:.1f} ratio={est / b['wall']:.1f} peak_rss_mb={b['rss']:.0f} "
-              f"jobs={s['jobs']} cores={cores}")
+              f"jobs={s['jobs']} cores={cores} floor_s={floor_s:.2f}")
         return 0
     finally:
         if a.keep is None:

@@ -1,6 +1,6 @@
 """Latency of the four ways to run the Huggy policy, measured side by side in one run.
 
-    python benchmarks/latency.py [--iters 2000] [--threads 1]
+    python benchmarks/latency.py [--iters 2000] [--threads 1] [--ops]
 
 onnxruntime on the official ML-Agents ONNX, onnxruntime on the rebuilt ONNX, the torch module
 (eager) and the saved torch.export program, at batch 1 and batch 1024: median / p95 / p99
@@ -9,16 +9,25 @@ hits all four alike while each runtime runs with its own weights warm in cache (
 turn would make every runtime pay for the cache the previous one evicted). Prints the
 module/onnxruntime ratios the issue sets targets on (batch 1 within 1.5x of onnxruntime; at
 batch 1024 at least its throughput). Both runtimes get the same thread count.
+
+``--ops`` adds where the time goes, side by side in the same run: onnxruntime's own per-node
+profile of the official file at batch 1024 (its GEMMs and its fused Swish) against the same
+torch ops timed alone, and at batch 1 one 512x512 Gemm in onnxruntime against torch's forms of it
+and against the module's whole forward.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import io
+import json
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import huggy_checkpoint, percentiles  # noqa: E402
+from _common import huggy_checkpoint, percentiles, time_calls  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -33,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000, help="timed calls per runtime at batch 1 (batch 1024: /20)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ops", action="store_true", help="also print the per-op breakdown (onnxruntime profile vs torch ops)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     ckpt = huggy_checkpoint()
@@ -57,7 +67,6 @@ def main():
         }
         iters = a.iters if batch == 1 else max(a.iters // 20, 50)
         samples = {k: [] for k in runners}
-        import time
         with torch.inference_mode():
             for f in runners.values():
                 for _ in range(max(iters // 10, 10)):
@@ -79,6 +88,109 @@ def main():
     r2 = results[(1024, "onnxruntime official")]["median_ms"] / results[(1024, "torch module (eager)")]["median_ms"]
     print(f"\nbatch 1: module latency / onnxruntime latency = {r1:.2f}x (target <= 1.5x)")
     print(f"batch 1024: module throughput / onnxruntime throughput = {r2:.2f}x (target >= 1.0x)")
+    if a.ops:
+        op_breakdown(ckpt, pol, module, a.threads)
+
+
+def _median_us(fn, iters):
+    return percentiles(time_calls(fn, max(iters // 10, 5), iters))["median_ms"] * 1e3
+
+
+def _ort_profile(onnx_path: Path, feed, threads: int, runs: int):
+    """{node name: (op kind, median microseconds)} from onnxruntime's own profiler."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as d:
+        so.profile_file_prefix = str(Path(d) / "ort")
+        sess = ort.InferenceSession(str(onnx_path), sess_options=so, providers=["CPUExecutionProvider"])
+        for _ in range(runs):
+            sess.run(None, feed)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    per_node = collections.defaultdict(list)
+    kinds = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_node[e["name"]].append(e["dur"])
+            kinds[e["name"]] = e.get("args", {}).get("op_name", "?")
+    out = {}
+    for name, durs in per_node.items():
+        durs = sorted(durs[runs // 5:])  # the first runs warm up
+        out[name] = (kinds[name], durs[len(durs) // 2])
+    return out
+
+
+def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
+    """Where the time goes, onnxruntime and torch side by side (microseconds, medians)."""
+    import numpy as np
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    spec = pol.spec
+    layers, mu = module._layers, module.mu
+    hid = spec.hidden_units
+    print("\nwhere the time goes (--ops; microseconds, medians of calls timed alone)")
+    # batch 1024: onnxruntime's profile of the official file against the same torch ops
+    x = make_probes(pol, 1024, seed=0)["obs_0"]
+    prof = _ort_profile(ckpt.with_suffix(".onnx"), {"obs_0": x}, threads, 60)
+    with torch.inference_mode():
+        xt = torch.from_numpy(x)
+        z = torch.randn(1024, hid)
+        first = _median_us(lambda: torch.addmm(layers[0].bias, xt, layers[0].weight_t), 40)
+        gemm = _median_us(lambda: torch.addmm(layers[1].bias, z, layers[1].weight_t), 40)
+        head = _median_us(lambda: torch.addmm(mu.bias, z, mu.weight_t), 40)
+        swish = _median_us(lambda: z * torch.sigmoid(z), 40)
+        sig = _median_us(lambda: torch.sigmoid(z), 40)
+    ort_gemm = sum(us for kind, us in prof.values() if kind == "Gemm")
+    body = {name: (kind, us) for name, (kind, us) in prof.items() if "seq_layers" in name and kind != "Gemm"}
+    ort_swish = sum(us for _, us in body.values())
+    ort_rest = sum(us for _, us in prof.values()) - ort_gemm - ort_swish
+    torch_gemm = first + (spec.num_layers - 1) * gemm + head
+    torch_swish = spec.num_layers * swish
+    print("  batch 1024                 onnxruntime (its profiler)   torch (the same ops alone)   torch/ort")
+    print(f"    {spec.num_layers + 1} GEMMs                  {ort_gemm:9.0f}                 {torch_gemm:9.0f} (addmm)"
+          f"              {torch_gemm / ort_gemm:5.2f}")
+    print(f"    {spec.num_layers} Swish                  {ort_swish:9.0f} ({'/'.join(sorted({k for k, _ in body.values()}))})"
+          f"{'':6s}{torch_swish:9.0f} (sigmoid {sig:.0f} + mul {swish - sig:.0f})  {torch_swish / ort_swish:5.2f}")
+    print(f"    everything else          {ort_rest:9.0f} (normalizer, clips and the stochastic head, which it runs too)")
+    # batch 1: one hidden x hidden Gemm in onnxruntime against torch's forms of it
+    w = layers[1].weight.contiguous().numpy()
+    b = layers[1].bias.numpy()
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1)], "gemm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, hid])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, hid])],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    e = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "empty",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, hid])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, hid])])
+    sess = {k: ort_session(helper.make_model(gr, opset_imports=[helper.make_opsetid("", 13)]), threads=threads)
+            for k, gr in (("gemm", g), ("empty", e))}
+    v = np.random.default_rng(0).standard_normal((1, hid)).astype(np.float32)
+    n = 3000
+    ort_g = _median_us(lambda: sess["gemm"].run(None, {"x": v}), n)
+    ort_e = _median_us(lambda: sess["empty"].run(None, {"x": v}), n)
+    with torch.inference_mode():
+        vt = torch.from_numpy(v)
+        vT = vt.t().contiguous()
+        W, wt, b1 = layers[1].weight.contiguous(), layers[1].weight_t, layers[1].bias
+        bc = b1.reshape(-1, 1).contiguous()
+        t_cols = _median_us(lambda: torch.addmm(bc, W, vT), n)
+        t_rows = _median_us(lambda: torch.addmm(b1, vt, wt), n)
+        t_lin = _median_us(lambda: torch.nn.functional.linear(vt, W, b1), n)
+        t_sig = _median_us(lambda: torch.sigmoid(vt), n)
+        x1 = torch.from_numpy(make_probes(pol, 1, seed=0)["obs_0"])
+        t_fwd = _median_us(lambda: module(x1), n)
+    print("  batch 1")
+    print(f"    one {hid}x{hid} Gemm: onnxruntime {ort_g - ort_e:.1f} (a Gemm-only graph {ort_g:.1f} minus an Identity "
+          f"graph {ort_e:.1f}); torch addmm(b, x, W.T contiguous) {t_rows:.1f} (the module's form), "
+          f"F.linear {t_lin:.1f}, transposed addmm(b, W, x.T) {t_cols:.1f} (faster, but a row's result then "
+          "depends on the batch below 16 rows)")
+    print(f"    one elementwise op on {hid} floats: torch.sigmoid {t_sig:.1f}; the module's whole forward "
+          f"{t_fwd:.1f} ({spec.num_layers + 1} GEMMs and {3 * spec.num_layers + 5} other ops)")
 
 
 if __name__ == "__main__":

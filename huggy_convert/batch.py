@@ -796,8 +796,12 @@ class Manifest:
         doc["summary"] = summary
         return doc
 
-    def write(self, summary: Optional[dict] = None, csv_too: bool = False) -> None:
-        text = json.dumps(self.document(summary), indent=2) + "\n"
+    def write(self, summary: Optional[dict] = None, csv_too: bool = False, final: bool = True) -> None:
+        """The manifest; the ones written along the way are compact (json's C encoder: an indented
+        dump runs the pure-Python encoder, ~10x slower, holding the interpreter lock the workers
+        need), the final one indented for people."""
+        doc = self.document(summary)
+        text = (json.dumps(doc, indent=2) if final else json.dumps(doc, separators=(",", ":"))) + "\n"
         if csv_too:
             write_atomic(self.out / MANIFEST_CSV, _csv_bytes(self.sorted_entries()), fsync=True)
         write_atomic(self.out / MANIFEST_JSON, text.encode(), fsync=True)
@@ -806,7 +810,7 @@ class Manifest:
 
     def maybe_write(self) -> None:
         if time.monotonic() - self._last >= MANIFEST_INTERVAL_S:
-            self.write()
+            self.write(final=False)
 
 
 def _previous(out: Path, header: dict) -> Tuple[Dict[str, dict], Optional[str]]:

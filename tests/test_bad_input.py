@@ -7,6 +7,8 @@ import os
 import pickle
 import zipfile
 
+import numpy as np
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -43,7 +45,9 @@ def _make(kind, huggy_ckpt, tmp_path):
         data = huggy_ckpt.read_bytes()
         p.write_bytes(data[: len(data) // 2])
     elif kind == "random_bytes":
-        p.write_bytes(os.urandom(4096))
+        p.write_bytes(b"\x17" + np.random.default_rng(7).bytes(4095))
+    elif kind == "pickle_header_then_garbage":  # what 1 random file in 256 looks like: a pickle's first byte
+        p.write_bytes(b"\x80\x02\xff" + np.random.default_rng(7).bytes(4093))
     elif kind == "malicious_pickle":
         buf = io.BytesIO()
         torch.save({"Policy": _Evil(tmp_path / "PWNED")}, buf)
@@ -90,6 +94,7 @@ CASES = {
     "empty_dir": "no ML-Agents checkpoint",
     "truncated_zip": "not a readable torch checkpoint",
     "random_bytes": "not a readable torch checkpoint",
+    "pickle_header_then_garbage": "not a readable torch checkpoint (not a valid pickle",
     "malicious_pickle": "refused to load",
     "plain_pickle_code": "refused to load",
     "bare_tensor": "bare tensor",

@@ -191,6 +191,24 @@ def test_module_compiles_with_full_graph():
                 assert torch.equal(x, y)
 
 
+def test_autograd_path_equals_the_in_place_path_and_backpropagates():
+    """forward works in place only with autograd off; with it on, the same numbers and a gradient."""
+    for ck in (HUGGY, step_checkpoints(VARIANTS / "hybrid")[-1], step_checkpoints(VARIANTS / "twoobs")[-1]):
+        pol = case(ck)[0]
+        mod = build_module(pol)
+        feed = make_probes(pol, 8, seed=6)
+        with torch.inference_mode():
+            fast = mod(*[torch.from_numpy(feed[n]) for n in mod.input_names])
+        xs = [torch.from_numpy(feed[n]).requires_grad_(n.startswith("obs_")) for n in mod.input_names]
+        slow = mod(*xs)
+        for a, b in zip(fast, slow):
+            assert torch.equal(a, b.detach())
+        if pol.spec.continuous_size:
+            slow[0].sum().backward()
+            g = xs[0].grad
+            assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+
+
 def test_fp16_keeps_the_normalizer_float32_where_a_naive_cast_breaks():
     pol, _, official, _ = case(HUGGY)  # Huggy-scale statistics
     feed = make_probes(pol, 64, seed=0)

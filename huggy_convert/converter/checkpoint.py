@@ -5,6 +5,8 @@ import contextlib
 import hashlib
 import io
 import pickle
+import pickletools
+import re
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -35,8 +37,18 @@ class Checkpoint:
     top_keys: List[str]
 
 
+_PICKLE_OPCODES = {ord(op.code): op.name for op in pickletools.opcodes}
+
+
 def _describe_load_failure(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
+    bad_op = re.search(r"Unsupported operand (\d+)", text)
+    if bad_op:
+        code = int(bad_op.group(1))
+        if code not in _PICKLE_OPCODES:  # not an opcode at all: damaged bytes, not a pickle asking for code
+            return f"not a readable torch checkpoint (not a valid pickle: byte 0x{code:02x} is no pickle opcode)"
+        return (f"refused to load: the pickle uses opcode {_PICKLE_OPCODES[code]}, which loading with "
+                "weights_only=True does not allow")
     if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in text:
         # torch's message names the global the pickle asked for; keep just that part.
         detail = text

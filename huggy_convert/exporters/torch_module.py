@@ -18,7 +18,6 @@ from typing import List, Optional
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .. import contract as C
 from ..converter import Policy
@@ -30,15 +29,26 @@ def _t(a: np.ndarray, dtype=torch.float32) -> torch.Tensor:
 
 
 class Affine(nn.Module):
-    """``nn.Linear`` without its random initialisation: the weights come from the policy."""
+    """``x @ W.T + b`` with the policy's weights (no random initialisation).
+
+    The weight is kept transposed and contiguous (``weight_t``, [in, out]), so every call is
+    ``addmm(b, x, W.T)`` on a contiguous operand: no per-call transposed view, and the fastest
+    row-major form measured at batch 1 (benchmarks/latency.py --ops). Row-major (batch x features)
+    keeps a row's result independent of the rows beside it from 4 rows up; the transposed
+    (features x batch) form, faster still at batch 1, only from 16 rows up."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
         self.bias = nn.Parameter(bias, requires_grad=False)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """[out, in], as ``nn.Linear`` and ML-Agents keep it (a view)."""
+        return self.weight_t.t()
+
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return torch.addmm(self.bias, x, self.weight_t)
 
 
 def draw_noise(spec, batch: int, seed: int):
@@ -86,7 +96,11 @@ class PolicyModule(nn.Module):
         # plain-Python facts for a lean forward (batch-1 latency is mostly interpreter time)
         self._n_obs = len(spec.obs_sizes)
         self._norm_keys = tuple((f"norm{i}_mean", f"norm{i}_div") for i in range(self._n_obs)) if spec.normalize else ()
+        # plain tuples of the submodules (not registered twice); their parameters are read per call,
+        # never cached: torch.export and .to() swap them
         self._layers = tuple(self.body)
+        self._mu = (self.mu,) if spec.continuous_size else ()
+        self._memory_size = spec.memory_size
         self._clip_actions = bool(spec.continuous_size) and not spec.tanh_squash
 
     # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
@@ -106,42 +120,50 @@ class PolicyModule(nn.Module):
     def output_names(self) -> List[str]:
         return self.spec.deterministic_output_names()
 
-    def _split(self, inputs):
-        k = self._n_obs
-        rest = inputs[k:]
-        masks = rest[0] if self.spec.discrete_branches else None
-        memories = rest[-1] if self.spec.memory_size else None
-        return inputs[:k], masks, memories
+    def _encode(self, inputs):
+        """(body features [batch, hidden] in the compute dtype, new memories or None).
 
-    def _encode(self, obs, memories):
+        Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch and the Python
+        around them counts too: one pass, locals, and in place wherever autograd is off (the same
+        arithmetic, fewer allocations)."""
         buffers, ndt, cdt = self._buffers, self.normalizer_dtype, self.compute_dtype
+        norm_keys = self._norm_keys
+        inplace = not torch.is_grad_enabled()  # in place only where autograd cannot need the overwritten value
         parts = []
-        for i, x in enumerate(obs):
-            if self._norm_keys:
-                mean_key, div_key = self._norm_keys[i]
+        for i in range(self._n_obs):
+            x = inputs[i]
+            if norm_keys:
+                mean_key, div_key = norm_keys[i]
                 if x.dtype != ndt:
                     x = x.to(ndt)
-                x = torch.clamp((x - buffers[mean_key]) / buffers[div_key], -C.NORM_CLIP, C.NORM_CLIP)
+                x = x - buffers[mean_key]
+                if inplace:
+                    x = x.div_(buffers[div_key]).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
+                else:
+                    x = torch.clamp(x / buffers[div_key], -C.NORM_CLIP, C.NORM_CLIP)
             if x.dtype != cdt:
                 x = x.to(cdt)
             parts.append(x)
         h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         for lin in self._layers:
             p = lin._parameters
-            z = F.linear(h, p["weight"], p["bias"])
-            h = z * torch.sigmoid(z)  # Swish as ML-Agents exports it (Sigmoid, Mul); F.silu rounds differently
-        new_mem = None
-        if self.spec.memory_size:
-            hs = self.spec.memory_size // 2
-            m = memories.to(self.compute_dtype)[:, 0, :]
-            h0, c0 = m[:, :hs], m[:, hs:]
-            gates = (h @ self.lstm_weight_ih.t() + self.lstm_bias_ih) + (h0 @ self.lstm_weight_hh.t() + self.lstm_bias_hh)
-            i_g, f_g, g_g, o_g = gates.chunk(4, dim=1)
-            c1 = torch.sigmoid(f_g) * c0 + torch.sigmoid(i_g) * torch.tanh(g_g)
-            h1 = torch.sigmoid(o_g) * torch.tanh(c1)
-            h = h1
-            new_mem = torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32)
-        return h, new_mem
+            z = torch.addmm(p["bias"], h, p["weight_t"])
+            # Swish as ML-Agents exports it (Sigmoid, Mul; F.silu rounds differently): the same products
+            # either way, z.mul_ only skips an allocation
+            h = z.mul_(torch.sigmoid(z)) if inplace else z * torch.sigmoid(z)
+        if not self._memory_size:
+            return h, None
+        hs = self._memory_size // 2
+        m = inputs[-1].to(cdt)[:, 0, :]
+        h0, c0 = m[:, :hs], m[:, hs:]
+        gates = (h @ self.lstm_weight_ih.t() + self.lstm_bias_ih) + (h0 @ self.lstm_weight_hh.t() + self.lstm_bias_hh)
+        i_g, f_g, g_g, o_g = gates.chunk(4, dim=1)
+        c1 = torch.sigmoid(f_g) * c0 + torch.sigmoid(i_g) * torch.tanh(g_g)
+        h1 = torch.sigmoid(o_g) * torch.tanh(c1)
+        return h1, torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32)
+
+    def _masks(self, inputs):
+        return inputs[self._n_obs] if self.spec.discrete_branches else None
 
     def _probs(self, h, masks):
         probs = []
@@ -156,18 +178,23 @@ class PolicyModule(nn.Module):
         return probs
 
     def forward(self, *inputs):
-        obs, masks, memories = self._split(inputs)
-        h, new_mem = self._encode(obs, memories)
+        h, new_mem = self._encode(inputs)
         out = []
-        if self.spec.continuous_size:
-            p = self.mu._parameters
-            mu = F.linear(h, p["weight"], p["bias"])
+        for mu_mod in self._mu:
+            p = mu_mod._parameters
+            mu = torch.addmm(p["bias"], h, p["weight_t"])
             if mu.dtype != torch.float32:
                 mu = mu.float()
-            out.append(torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP if self._clip_actions else mu)
+            if self._clip_actions:
+                if torch.is_grad_enabled():
+                    mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
+                else:
+                    mu = mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(C.ACTION_CLIP)
+            out.append(mu)
         if self.spec.discrete_branches:
-            out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, masks)], dim=1))
-        if self.spec.memory_size:
+            out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, self._masks(inputs))],
+                                 dim=1))
+        if new_mem is not None:
             out.append(new_mem)
         return tuple(out)
 
@@ -177,16 +204,16 @@ class PolicyModule(nn.Module):
 
     def sample(self, *inputs, seed: Optional[int] = None, noise=None, uniform=None):
         """Stochastic actions: (continuous_actions?, discrete_actions?) in ML-Agents' order."""
-        obs, masks, memories = self._split(inputs)
-        batch = obs[0].shape[0]
+        masks = self._masks(inputs)
+        batch = inputs[0].shape[0]
         if seed is not None:
             eps, u = self.draw_noise(batch, seed)
             noise = eps if noise is None else noise
             uniform = u if uniform is None else uniform
         if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
-        dev = obs[0].device
-        h, _ = self._encode(obs, memories)
+        dev = inputs[0].device
+        h = self._encode(inputs)[0]
         out = []
         if self.spec.continuous_size:
             mu = self.mu(h).to(torch.float32)
