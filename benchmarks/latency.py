@@ -140,9 +140,9 @@ def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
     with torch.inference_mode():
         xt = torch.from_numpy(x)
         z = torch.randn(1024, hid)
-        first = _median_us(lambda: torch.addmm(layers[0].bias, xt, layers[0].weight_t), 40)
-        gemm = _median_us(lambda: torch.addmm(layers[1].bias, z, layers[1].weight_t), 40)
-        head = _median_us(lambda: torch.addmm(mu.bias, z, mu.weight_t), 40)
+        first = _median_us(lambda: torch.addmm(layers[0].bias, xt, layers[0].weight.t()), 40)
+        gemm = _median_us(lambda: torch.addmm(layers[1].bias, z, layers[1].weight.t()), 40)
+        head = _median_us(lambda: torch.addmm(mu.bias, z, mu.weight.t()), 40)
         swish = _median_us(lambda: z * torch.sigmoid(z), 40)
         sig = _median_us(lambda: torch.sigmoid(z), 40)
     ort_gemm = sum(us for kind, us in prof.values() if kind == "Gemm")
@@ -176,8 +176,9 @@ def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
     with torch.inference_mode():
         vt = torch.from_numpy(v)
         vT = vt.t().contiguous()
-        W, wt, b1 = layers[1].weight.contiguous(), layers[1].weight_t, layers[1].bias
-        bc = b1.reshape(-1, 1).contiguous()
+        W, b1 = layers[1].weight, layers[1].bias
+        wt, bc, v1 = W.t().contiguous(), b1.reshape(-1, 1).contiguous(), vt[0]
+        t_mv = _median_us(lambda: torch.addmv(b1, W, v1), n)
         t_cols = _median_us(lambda: torch.addmm(bc, W, vT), n)
         t_rows = _median_us(lambda: torch.addmm(b1, vt, wt), n)
         t_lin = _median_us(lambda: torch.nn.functional.linear(vt, W, b1), n)
@@ -186,9 +187,9 @@ def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
         t_fwd = _median_us(lambda: module(x1), n)
     print("  batch 1")
     print(f"    one {hid}x{hid} Gemm: onnxruntime {ort_g - ort_e:.1f} (a Gemm-only graph {ort_g:.1f} minus an Identity "
-          f"graph {ort_e:.1f}); torch addmm(b, x, W.T contiguous) {t_rows:.1f} (the module's form), "
-          f"F.linear {t_lin:.1f}, transposed addmm(b, W, x.T) {t_cols:.1f} (faster, but a row's result then "
-          "depends on the batch below 16 rows)")
+          f"graph {ort_e:.1f}); torch addmv(b, W, x) {t_mv:.1f} (the module's form for one row), F.linear "
+          f"{t_lin:.1f} (its form for a batch), addmm on a contiguous copy of W.T {t_rows:.1f}, transposed "
+          f"addmm(b, W, x.T) {t_cols:.1f}")
     print(f"    one elementwise op on {hid} floats: torch.sigmoid {t_sig:.1f}; the module's whole forward "
           f"{t_fwd:.1f} ({spec.num_layers + 1} GEMMs and {3 * spec.num_layers + 5} other ops)")
 

@@ -141,7 +141,10 @@ def test_module_fp32_cpu_matches_official_onnx(ckpt):
     pol, _, official, golden = case(ckpt)
     mod = build_module(pol)
     sr = ort_session(official.SerializeToString())
-    for feed in (_feed(official, golden), make_probes(pol, 64, seed=1)):
+    golden_feed = _feed(official, golden)
+    rows = [{k: v[i:i + 1] for k, v in golden_feed.items()} for i in range(min(16, len(next(iter(golden_feed.values())))))]
+    # a batch (addmm) and single rows (the eager GEMV path), each against onnxruntime on the same rows
+    for feed in (golden_feed, make_probes(pol, 64, seed=1), *rows):
         ref, got = ort_run(sr, feed), _run(mod, feed)
         for name, v in got.items():
             if v.dtype.kind == "i":

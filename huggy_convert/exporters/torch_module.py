@@ -18,6 +18,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .. import contract as C
 from ..converter import Policy
@@ -29,26 +30,16 @@ def _t(a: np.ndarray, dtype=torch.float32) -> torch.Tensor:
 
 
 class Affine(nn.Module):
-    """``x @ W.T + b`` with the policy's weights (no random initialisation).
-
-    The weight is kept transposed and contiguous (``weight_t``, [in, out]), so every call is
-    ``addmm(b, x, W.T)`` on a contiguous operand: no per-call transposed view, and the fastest
-    row-major form measured at batch 1 (benchmarks/latency.py --ops). Row-major (batch x features)
-    keeps a row's result independent of the rows beside it from 4 rows up; the transposed
-    (features x batch) form, faster still at batch 1, only from 16 rows up."""
+    """``nn.Linear`` without its random initialisation: the weights come from the policy
+    (``weight`` [out, in], contiguous, as ML-Agents keeps it)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
         super().__init__()
-        self.weight_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
+        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = nn.Parameter(bias, requires_grad=False)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """[out, in], as ``nn.Linear`` and ML-Agents keep it (a view)."""
-        return self.weight_t.t()
-
     def forward(self, x):
-        return torch.addmm(self.bias, x, self.weight_t)
+        return F.linear(x, self.weight, self.bias)
 
 
 def draw_noise(spec, batch: int, seed: int):
@@ -101,6 +92,7 @@ class PolicyModule(nn.Module):
         self._layers = tuple(self.body)
         self._mu = (self.mu,) if spec.continuous_size else ()
         self._memory_size = spec.memory_size
+        self._n_branches = len(spec.discrete_branches)
         self._clip_actions = bool(spec.continuous_size) and not spec.tanh_squash
 
     # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
@@ -120,15 +112,18 @@ class PolicyModule(nn.Module):
     def output_names(self) -> List[str]:
         return self.spec.deterministic_output_names()
 
-    def _encode(self, inputs):
-        """(body features [batch, hidden] in the compute dtype, new memories or None).
+    def _encode(self, inputs, inplace: bool):
+        """(body features, new memories or None, vec): features [batch, hidden] in the compute
+        dtype, or [hidden] when ``vec`` (one row, run eagerly: see below).
 
         Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch and the Python
-        around them counts too: one pass, locals, and in place wherever autograd is off (the same
-        arithmetic, fewer allocations)."""
+        around them counts too: one pass, locals, in place wherever autograd is off (the same
+        arithmetic, fewer allocations), and one row as a vector: ``addmv`` on the contiguous
+        [out, in] weight is the fastest GEMV torch has here, 8-10 us a forward ahead of ``addmm``
+        (benchmarks/latency.py --ops). Under torch.compile / torch.export the graph is the same
+        ``addmm`` for every batch size (no shape-dependent branch is traced)."""
         buffers, ndt, cdt = self._buffers, self.normalizer_dtype, self.compute_dtype
         norm_keys = self._norm_keys
-        inplace = not torch.is_grad_enabled()  # in place only where autograd cannot need the overwritten value
         parts = []
         for i in range(self._n_obs):
             x = inputs[i]
@@ -145,14 +140,17 @@ class PolicyModule(nn.Module):
                 x = x.to(cdt)
             parts.append(x)
         h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        vec = h.shape[0] == 1 and not self._memory_size and not torch.compiler.is_compiling()
+        if vec:
+            h = h[0]
         for lin in self._layers:
             p = lin._parameters
-            z = torch.addmm(p["bias"], h, p["weight_t"])
+            z = torch.addmv(p["bias"], p["weight"], h) if vec else torch.addmm(p["bias"], h, p["weight"].t())
             # Swish as ML-Agents exports it (Sigmoid, Mul; F.silu rounds differently): the same products
             # either way, z.mul_ only skips an allocation
             h = z.mul_(torch.sigmoid(z)) if inplace else z * torch.sigmoid(z)
         if not self._memory_size:
-            return h, None
+            return h, None, vec
         hs = self._memory_size // 2
         m = inputs[-1].to(cdt)[:, 0, :]
         h0, c0 = m[:, :hs], m[:, hs:]
@@ -160,7 +158,7 @@ class PolicyModule(nn.Module):
         i_g, f_g, g_g, o_g = gates.chunk(4, dim=1)
         c1 = torch.sigmoid(f_g) * c0 + torch.sigmoid(i_g) * torch.tanh(g_g)
         h1 = torch.sigmoid(o_g) * torch.tanh(c1)
-        return h1, torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32)
+        return h1, torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32), False
 
     def _masks(self, inputs):
         return inputs[self._n_obs] if self.spec.discrete_branches else None
@@ -178,21 +176,23 @@ class PolicyModule(nn.Module):
         return probs
 
     def forward(self, *inputs):
-        h, new_mem = self._encode(inputs)
+        inplace = not torch.is_grad_enabled()  # in place only where autograd cannot need the overwritten value
+        h, new_mem, vec = self._encode(inputs, inplace)
         out = []
         for mu_mod in self._mu:
             p = mu_mod._parameters
-            mu = torch.addmm(p["bias"], h, p["weight_t"])
+            mu = torch.addmv(p["bias"], p["weight"], h)[None] if vec else torch.addmm(p["bias"], h, p["weight"].t())
             if mu.dtype != torch.float32:
                 mu = mu.float()
             if self._clip_actions:
-                if torch.is_grad_enabled():
-                    mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
-                else:
+                if inplace:
                     mu = mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(C.ACTION_CLIP)
+                else:
+                    mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
             out.append(mu)
-        if self.spec.discrete_branches:
-            out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h, self._masks(inputs))],
+        if self._n_branches:
+            h2 = h[None] if vec else h
+            out.append(torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self._probs(h2, self._masks(inputs))],
                                  dim=1))
         if new_mem is not None:
             out.append(new_mem)
@@ -213,7 +213,9 @@ class PolicyModule(nn.Module):
         if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
         dev = inputs[0].device
-        h = self._encode(inputs)[0]
+        h, _, vec = self._encode(inputs, not torch.is_grad_enabled())
+        if vec:
+            h = h[None]
         out = []
         if self.spec.continuous_size:
             mu = self.mu(h).to(torch.float32)
