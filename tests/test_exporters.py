@@ -242,7 +242,11 @@ def test_saved_program_loads_with_plain_torch_and_reproduces(tmp_path):
     mod = build_module(pol)
     from huggy_convert.exporters.torch_module import save_program
 
-    save_program(export_program(mod), tmp_path / "p.pt2")
+    ep = export_program(mod)
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "aten.addmm.default" in ops and "aten.addmv.default" not in ops, ops  # one form for every batch
+    assert not [o for o in ops if o.split(".")[1].endswith("_")], ops  # functional: the eager path's in-place ops stay out
+    save_program(ep, tmp_path / "p.pt2")
     feed = make_probes(pol, 5, seed=9)
     np.save(tmp_path / "x.npy", feed["obs_0"])
     expected = _run(mod, feed)[C.OUT_CONT_DET]

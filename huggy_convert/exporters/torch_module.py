@@ -9,7 +9,10 @@
   float32 (Huggy's running_variance sums pass fp16's 65504 and overflow); the module keeps
   them float32 even through ``.half()`` / ``.to(dtype)``. The masking and softmax of discrete
   heads run in float32 too (1e8 is inf in fp16).
-- No data-dependent Python control flow: it runs under ``torch.compile`` and torch.export.
+- No data-dependent Python control flow: it runs under ``torch.compile`` and torch.export. Run
+  eagerly, a single row takes a faster GEMV path (``addmv``) and, with autograd off, elementwise
+  ops work in place; compiled or exported, the graph is the same functional ``addmm`` form for
+  every batch.
 """
 from __future__ import annotations
 
@@ -176,7 +179,9 @@ class PolicyModule(nn.Module):
         return probs
 
     def forward(self, *inputs):
-        inplace = not torch.is_grad_enabled()  # in place only where autograd cannot need the overwritten value
+        # in place only where autograd cannot need the overwritten value, and never in a traced graph
+        # (an exported program stays functional: sub/div/clamp/mul, as before)
+        inplace = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         h, new_mem, vec = self._encode(inputs, inplace)
         out = []
         for mu_mod in self._mu:
@@ -213,7 +218,7 @@ class PolicyModule(nn.Module):
         if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
         dev = inputs[0].device
-        h, _, vec = self._encode(inputs, not torch.is_grad_enabled())
+        h, _, vec = self._encode(inputs, not torch.is_grad_enabled() and not torch.compiler.is_compiling())
         if vec:
             h = h[None]
         out = []
