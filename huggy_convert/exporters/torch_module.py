@@ -45,6 +45,12 @@ class Affine(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def _in_place_ok() -> bool:
+    """In place only where autograd cannot need the overwritten value, and never in a traced graph
+    (an exported program stays functional: sub/div/clamp/mul)."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def draw_noise(spec, batch: int, seed: int):
     """(normal noise [batch, A], uniform [batch, branches]) drawn on the CPU from ``seed``."""
     g = torch.Generator(device="cpu").manual_seed(int(seed))
@@ -87,7 +93,7 @@ class PolicyModule(nn.Module):
         self.branches = nn.ModuleList()
         for b, n in enumerate(spec.discrete_branches):
             self.branches.append(Affine(_t(T[C.c_branch(b, "weight")], dtype), _t(T[C.c_branch(b, "bias")], dtype)))
-        # plain-Python facts for a lean forward (batch-1 latency is mostly interpreter time)
+        # plain-Python facts for a lean forward (at batch 1 every Python step shows in the latency)
         self._n_obs = len(spec.obs_sizes)
         self._norm_keys = tuple((f"norm{i}_mean", f"norm{i}_div") for i in range(self._n_obs)) if spec.normalize else ()
         # plain tuples of the submodules (not registered twice); their parameters are read per call,
@@ -124,7 +130,7 @@ class PolicyModule(nn.Module):
         Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch and the Python
         around them counts too: one pass, locals, in place wherever autograd is off (the same
         arithmetic, fewer allocations), and one row as a vector: ``addmv`` on the contiguous
-        [out, in] weight is the fastest GEMV torch has here, 8-10 us a forward ahead of ``addmm``
+        [out, in] weight is the fastest GEMV torch has here, ~8 us a forward ahead of ``addmm``
         (benchmarks/latency.py --ops). Under torch.compile / torch.export the graph is the same
         ``addmm`` for every batch size (no shape-dependent branch is traced)."""
         buffers, ndt, cdt = self._buffers, self.normalizer_dtype, self.compute_dtype
@@ -181,9 +187,7 @@ class PolicyModule(nn.Module):
         return probs
 
     def forward(self, *inputs):
-        # in place only where autograd cannot need the overwritten value, and never in a traced graph
-        # (an exported program stays functional: sub/div/clamp/mul, as before)
-        inplace = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        inplace = _in_place_ok()
         if inplace and self._one_row_shape and inputs[0].shape[0] == 1:
             return self._forward_row(inputs[0])
         h, new_mem, vec = self._encode(inputs, inplace)
@@ -211,11 +215,12 @@ class PolicyModule(nn.Module):
         """``forward`` for one row of the common shape (one normalized observation, a clipped
         continuous head, no memory, no branches), eager with autograd off: the same ops as the
         general path takes for that row (addmv, in place), without its bookkeeping, which is
-        ~5 us of a ~100 us batch-1 forward (benchmarks/latency.py)."""
+        ~3 us of a ~100 us batch-1 forward (benchmarks/latency.py)."""
         buffers = self._buffers
+        mean_key, div_key = self._norm_keys[0]
         if x.dtype != self.normalizer_dtype:
             x = x.to(self.normalizer_dtype)
-        h = (x[0] - buffers["norm0_mean"]).div_(buffers["norm0_div"]).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
+        h = (x[0] - buffers[mean_key]).div_(buffers[div_key]).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
         if h.dtype != self.compute_dtype:
             h = h.to(self.compute_dtype)
         for lin in self._layers:
@@ -243,7 +248,7 @@ class PolicyModule(nn.Module):
         if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
         dev = inputs[0].device
-        h, _, vec = self._encode(inputs, not torch.is_grad_enabled() and not torch.compiler.is_compiling())
+        h, _, vec = self._encode(inputs, _in_place_ok())
         if vec:
             h = h[None]
         out = []
