@@ -98,16 +98,8 @@ def _median_us(fn, iters):
 
 def _ort_profile(onnx_path: Path, feed, threads: int, runs: int):
     """{node name: (op kind, median microseconds)} from onnxruntime's own profiler."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.enable_profiling = True
     with tempfile.TemporaryDirectory() as d:
-        so.profile_file_prefix = str(Path(d) / "ort")
-        sess = ort.InferenceSession(str(onnx_path), sess_options=so, providers=["CPUExecutionProvider"])
+        sess = ort_session(onnx_path.read_bytes(), threads=threads, profile_prefix=Path(d) / "ort")
         for _ in range(runs):
             sess.run(None, feed)
         events = json.loads(Path(sess.end_profiling()).read_text())
@@ -127,7 +119,6 @@ def _ort_profile(onnx_path: Path, feed, threads: int, runs: int):
 def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
     """Where the time goes, onnxruntime and torch side by side (microseconds, medians)."""
     import numpy as np
-    import torch
     from onnx import TensorProto, helper, numpy_helper
 
     spec = pol.spec
@@ -190,8 +181,10 @@ def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
           f"graph {ort_e:.1f}); torch addmv(b, W, x) {t_mv:.1f} (the module's form for one row), F.linear "
           f"{t_lin:.1f} (its form for a batch), addmm on a contiguous copy of W.T {t_rows:.1f}, transposed "
           f"addmm(b, W, x.T) {t_cols:.1f}")
+    # one row: sub/div/clamp and a view in, sigmoid+mul per layer, clamp/div and a view out
+    small_ops = 2 * spec.num_layers + 7
     print(f"    one elementwise op on {hid} floats: torch.sigmoid {t_sig:.1f}; the module's whole forward "
-          f"{t_fwd:.1f} ({spec.num_layers + 1} GEMMs and {3 * spec.num_layers + 5} other ops)")
+          f"{t_fwd:.1f} ({spec.num_layers + 1} GEMVs and {small_ops} small ops)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import pickle
 import zipfile
 
 import numpy as np
-
 import pytest
 import torch
 from click.testing import CliRunner

@@ -8,7 +8,8 @@ import numpy as np
 INTRA_OP_THREADS = 1
 
 
-def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THREADS):
+def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THREADS, profile_prefix=None):
+    """``profile_prefix``: turn on onnxruntime's own per-node profiler, writing under that prefix."""
     import onnxruntime as ort
 
     if hasattr(model, "SerializeToString"):
@@ -17,6 +18,9 @@ def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THRE
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
     return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
 
 
