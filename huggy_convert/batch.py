@@ -465,18 +465,13 @@ def read_checkpoint(path: Path, data: bytes, sha256: str):
 
 
 def _policy_state(path: Path):
-    """Only the ``Policy`` state dict of a checkpoint (memory-mapped: the rest is not read)."""
-    import torch
+    """The ``Policy`` state dict of a checkpoint through the one loader (``None`` if it does not load)."""
+    from .converter import load_checkpoint
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            return None
-    pol = obj.get("Policy") if isinstance(obj, dict) else None
-    return pol if isinstance(pol, dict) else None
+        return load_checkpoint(path, quiet_warnings=False).policy  # run_batch silences torch's warnings
+    except (HuggyError, OSError):
+        return None
 
 
 def _iso(t: Optional[float]) -> Optional[str]:
