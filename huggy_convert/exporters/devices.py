@@ -1,4 +1,5 @@
-"""Devices and dtypes for the torch module. torch_npu is imported only when ``npu`` is asked for."""
+"""Devices and dtypes for the torch module. torch_npu is imported only where it is installed: for ``npu``,
+or to list the NPUs verification checks (see ``available_devices``)."""
 from __future__ import annotations
 
 from typing import List, Optional
