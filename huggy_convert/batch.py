@@ -82,10 +82,12 @@ import click
 
 from . import __version__
 from .converter import atomic_write_bytes
+from .converter.reference import describe as describe_divisor
+from .host import host_info
 from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 from .rundir import STATUS_FILE, Item, discover
 from .pipeline import (SUFFIX_GOLDEN, SUFFIX_ONNX, SUFFIX_POLICY, SUFFIX_PROGRAM, SUFFIX_REPORT, ConvertOptions,
-                       default_reference, load_reference)
+                       default_reference, prepare_conversion)
 
 MANIFEST_JSON = "manifest.json"
 MANIFEST_CSV = "manifest.csv"
@@ -512,11 +514,12 @@ def _key_figures(rep_dict: dict) -> dict:
             for k in kids:
                 vals = [(g.get("figures") or {}).get("max_abs") for g in k.get("checks", [])]
                 vals = [v for v in vals if isinstance(v, (int, float))]
-                mx[k["title"].split(" (")[0]] = max(vals) if vals else None
+                mx[k["title"].split(" (")[0].replace("torch module ", "")] = max(vals) if vals else None
             out["module_max_abs"] = mx
+            out["max_bound_ratio"] = (c.get("figures") or {}).get("max_bound_ratio")
         elif num == "5":
             fps = (c.get("figures") or {}).get("fingerprints", {})
-            out["fingerprints"] = {str(s): v.get("torch_cpu_float32") for s, v in fps.items()}
+            out["fingerprints"] = {str(s): v.get("reference") for s, v in fps.items()}
     return out
 
 
@@ -571,7 +574,7 @@ def _skipped(entry: dict, prev: dict) -> dict:
 def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
     """Convert, export and verify one checkpoint (``ckpt``: already loaded); returns its manifest entry
     (nothing else is kept)."""
-    from .converter import policy_bytes, policy_from_checkpoint
+    from .converter import policy_bytes
     from .exporters.onnx_export import build_onnx, model_bytes
     from .verify import verify
 
@@ -593,18 +596,13 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         data = None
         entry["global_step"] = ckpt.global_step
-        conv = policy_from_checkpoint(ckpt, obs_sizes=o.obs_sizes)
-        reference = default_reference(item.path)
-        official = load_reference(reference) if reference else None
-        if official is not None and o.obs_sizes is None and not conv.policy.spec.normalize:
-            # as pipeline.convert_one: normalize:false keeps no per-observation tensors
-            sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in official.graph.input if d.name.startswith("obs_")]
-            if len(sizes) > 1 and sum(sizes) == conv.policy.spec.obs_total:
-                conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
-        policy = conv.policy
+        prep = prepare_conversion(ckpt, default_reference(item.path), o.obs_sizes, o.divisor)
+        official, reference = prep.official, prep.reference
+        policy = prep.conversion.policy
         spec = policy.spec
         entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
         entry["reference"] = reference.name if reference else None
+        entry["divisor"] = dict(prep.divisor, summary=describe_divisor(prep.divisor))
 
         blobs = [("safetensors", SUFFIX_POLICY, policy_bytes(policy.tensors, policy.metadata))]
         model = build_onnx(policy, opset=o.opset)
@@ -839,6 +837,7 @@ def _options_record(o: ConvertOptions, light, full) -> dict:
         return json.loads(json.dumps(d, sort_keys=True))
 
     return {"opset": o.opset, "obs_sizes": list(o.obs_sizes) if o.obs_sizes else None, "program": o.program,
+            "divisor": o.divisor,
             "verify": o.verify, "verify_batch": vo(light) if o.verify else None,
             "verify_newest": vo(full) if o.verify else None}
 
@@ -880,6 +879,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     light, full = batch_profiles(o)
     header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
               "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
+              "host": host_info(),
               "source": str(source), "run_dir": str(root), "training_status": str(status) if status else None,
               "found_by": "run_logs/training_status.json" if status else "file names",
               "layout": "out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}",

@@ -86,9 +86,13 @@ def main():
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--opset", type=click.IntRange(9, 15), default=9, show_default=True,
-              help="ONNX opset of the rebuilt model (9 = ML-Agents/Barracuda; 11-15 for Ascend ATC, Sentis)")
+              help="ONNX opset of the rebuilt model (9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 on CANN 5/6)")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside the checkpoint)")
+@click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
+              help="normalizer divisor: auto adopts the official ONNX's when it is within 1 ulp of the IEEE "
+              "sqrt(variance/steps) (folded on another CPU), so outputs are bitwise equal to it; ieee always "
+              "uses the IEEE value (the same bytes on every machine)")
 @click.option("--no-verify", is_flag=True, help="skip verification")
 @click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
 @click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
@@ -97,7 +101,7 @@ def main():
 @click.option("--force", is_flag=True, help="run directory: redo checkpoints the manifest already has")
 @click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
 @with_options(tolerance_options)
-def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes, jobs, force, as_json,
+def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
                 atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory) into OUT/."""
     from .pipeline import ConvertOptions, convert_one
@@ -110,7 +114,7 @@ def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes,
             except ValueError:
                 raise InputError(f"--obs-sizes '{obs_sizes}' is not a comma-separated list of integers") from None
         vo = verify_options(atol, rtol, cosine, devices, dtypes)
-        opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, verify=not no_verify,
+        opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, divisor=divisor, verify=not no_verify,
                               program=not no_program, verify_options=vo)
         if source.is_dir():
             from .batch import run_batch
@@ -123,6 +127,8 @@ def convert_cmd(source, out, opset, reference, no_verify, no_program, obs_sizes,
             s = res.summary()
             click.echo(f"{source} -> {out}/")
             click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {s['training_step']}")
+            if s.get("divisor"):
+                click.echo(f"  divisor: {s['divisor']}")
             for kind, a in res.artifacts.items():
                 click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
             if res.report is not None:

@@ -80,7 +80,7 @@ RECURRENT_OUT = "recurrent_out"
 NOISE_INPUT = "epsilon"  # only in our --noise-input variant: the RandomNormalLike draw as an input
 BATCH_DIM = "batch"
 ONNX_OPSET_DEFAULT = 9
-ONNX_OPSETS = tuple(range(9, 16))  # Barracuda: 9; Sentis: 7-15; Ascend ATC: 11-15
+ONNX_OPSETS = tuple(range(9, 16))  # Barracuda: 9; Sentis: 7-15; Ascend ATC: 9-13 (CANN 5/6), 9-18 (CANN 7)
 
 # --- The computation's constants --------------------------------------------------------
 NORM_CLIP = 5.0
@@ -93,6 +93,12 @@ EPSILON = 1e-7
 # --- Canonical tensor names in our safetensors ------------------------------------------
 def c_norm(i: int, field: str) -> str:
     return f"obs.{i}.normalizer.{ {'normalization_steps': 'steps', 'running_mean': 'mean', 'running_variance': 'variance'}[field] }"
+
+
+def c_divisor(i: int) -> str:
+    """The folded divisor ``sqrt(variance / steps)`` the artifacts divide by (IEEE, or adopted from the
+    official ONNX: see numerics.ieee_divisor and converter.reference)."""
+    return f"obs.{i}.normalizer.divisor"
 
 
 def c_body(layer: int, p: str) -> str:
@@ -119,5 +125,9 @@ def c_const(key: str) -> str:
 
 
 FORMAT_NAME = "huggy-convert/policy"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2 adds obs.{i}.normalizer.divisor and the "divisor" metadata
+FORMAT_VERSIONS_READ = ("1", "2")  # a version-1 file gets the IEEE divisor when read
+MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see converter.reference)
+ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
+DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never
 FLOAT32_EXACT_INT_LIMIT = 2 ** 24

@@ -16,6 +16,8 @@ import onnx
 
 from . import contract as C
 from .converter import Checkpoint, Conversion, atomic_write_bytes, load_checkpoint, policy_bytes, policy_from_checkpoint
+from .converter.reference import describe as describe_divisor
+from .converter.reference import divisor_record
 from .errors import InputError
 from .exporters.onnx_export import build_onnx, model_bytes
 
@@ -31,6 +33,7 @@ class ConvertOptions:
     opset: int = C.ONNX_OPSET_DEFAULT
     obs_sizes: Optional[Sequence[int]] = None
     reference: Optional[Path] = None  # official ONNX; default: <stem>.onnx beside the checkpoint
+    divisor: str = "auto"  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never (converter.reference)
     verify: bool = True
     program: bool = True  # write <stem>.pt2
     verify_options: Optional[object] = None
@@ -61,6 +64,8 @@ class ConvertResult:
                      "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
                      "memory_size": spec.memory_size, "parameters": spec.parameter_count()},
             "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
+            "divisor": describe_divisor(divisor_record(self.conversion.policy)) if spec.normalize else None,
+            "divisor_decision": divisor_record(self.conversion.policy) if spec.normalize else None,
             "seconds": round(self.seconds, 3),
         }
         if self.report is not None:
@@ -96,6 +101,43 @@ def load_reference(path: Path) -> onnx.ModelProto:
         return onnx.load(str(path))
     except Exception as exc:
         raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
+
+
+@dataclass
+class Prepared:
+    """A checkpoint ready to export: its canonical policy (divisors decided) and its reference."""
+
+    conversion: Conversion
+    official: Optional[onnx.ModelProto]
+    reference: Optional[Path]
+
+    @property
+    def divisor(self) -> Dict[str, object]:
+        from .converter import divisor_record
+
+        return divisor_record(self.conversion.policy)
+
+
+def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: Optional[Sequence[int]] = None,
+                       divisor: str = "auto", lenient: bool = False) -> Prepared:
+    """checkpoint + official ONNX -> canonical policy: the observation split (``normalize: false``
+    keeps none: the official's inputs give it) and the divisors (``converter.reconcile_divisors``).
+    The one place single conversion, batch and the modes decide both. ``lenient``: an unreadable
+    reference is ignored (the modes), instead of an error (a conversion)."""
+    official = None
+    if reference is not None:
+        try:
+            official = load_reference(Path(reference))
+        except InputError:
+            if not lenient:
+                raise
+            reference = None
+    sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
+    ref_sha = hashlib.sha256(Path(reference).read_bytes()).hexdigest() if official is not None else None
+    conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
+                                  reference_name=Path(reference).name if official is not None else None,
+                                  reference_sha256=ref_sha)
+    return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
 _EXPORT_LOCK = threading.RLock()
@@ -139,10 +181,9 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     o = options or ConvertOptions()
     src = Path(source)
     ckpt = checkpoint or load_checkpoint(src)
-    reference = Path(o.reference) if o.reference else default_reference(src)
-    official = load_reference(reference) if reference else None
-    sizes = o.obs_sizes if o.obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
-    conv = policy_from_checkpoint(ckpt, obs_sizes=sizes)
+    prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
+                              o.divisor)
+    conv, official, reference = prep.conversion, prep.official, prep.reference
     stem = stem or src.stem
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

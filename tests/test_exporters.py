@@ -1,8 +1,13 @@
 """Issue 3: the rebuilt ONNX equals ML-Agents' own export; the torch module matches it."""
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +18,13 @@ from conftest import HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
 from onnx import numpy_helper
 
 from huggy_convert import contract as C
-from huggy_convert.converter import convert_checkpoint
+from huggy_convert.converter import convert_checkpoint, load_checkpoint, official_divisors
 from huggy_convert.errors import DeviceError, ExportError
-from huggy_convert.exporters.onnx_export import build_onnx, folded_divisor, model_bytes, with_noise_input
+from huggy_convert.exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 from huggy_convert.exporters.torch_module import build_module, export_program
+from huggy_convert.numerics import ieee_divisor, ulp_distance
+from huggy_convert.pipeline import prepare_conversion
+from huggy_convert.verify.bounds import judge, reference_forward
 from huggy_convert.verify.probes import make_noise, make_probes
 from huggy_convert.verify.runtime import ort_run, ort_session
 
@@ -31,9 +39,9 @@ _cache = {}
 def case(ckpt: Path):
     """(policy, rebuilt model, official model, golden dict) for one ML-Agents checkpoint."""
     if ckpt not in _cache:
-        official = onnx.load(str(ckpt.with_suffix(".onnx")))
-        sizes = [i.type.tensor_type.shape.dim[1].dim_value for i in official.graph.input if i.name.startswith("obs_")]
-        pol = convert_checkpoint(ckpt, obs_sizes=sizes).policy
+        # as a conversion does: the official ONNX beside it gives the obs split and (auto) the divisor
+        prep = prepare_conversion(load_checkpoint(ckpt), ckpt.with_suffix(".onnx"))
+        pol, official = prep.conversion.policy, prep.official
         with np.load(ckpt.with_suffix(".golden.npz")) as z:
             golden = {k: z[k] for k in z.files}
         _cache[ckpt] = (pol, build_onnx(pol), official, golden)
@@ -89,20 +97,152 @@ def test_probes_hit_both_clips_on_huggy():
     pol, ours, official, _ = case(HUGGY)
     probes = make_probes(pol, 64, seed=0)
     mean = pol.tensors[C.c_norm(0, C.NORM_MEAN)]
-    div = folded_divisor(pol.tensors[C.c_norm(0, C.NORM_VAR)], pol.tensors[C.c_norm(0, C.NORM_STEPS)])
-    z = (probes["obs_0"] - mean) / div
+    z = (probes["obs_0"] - mean) / pol.divisor(0)
     assert (np.abs(z) > 5).any(axis=1).sum() >= 16  # rows beyond the normalizer's clip
     det = ort_run(ort_session(official.SerializeToString()), probes)[C.OUT_CONT_DET]
     assert (np.abs(det) == 1.0).sum() > 0  # mu beyond +-3: the action clip
 
 
-def test_folded_divisor_is_torchs_sqrt_not_numpys():
-    pol, ours, official, _ = case(HUGGY)
-    var, steps = pol.tensors[C.c_norm(0, C.NORM_VAR)], pol.tensors[C.c_norm(0, C.NORM_STEPS)]
-    ours_d = folded_divisor(var, steps)
-    div_node = next(n for n in official.graph.node if n.op_type == "Div")
-    off_d = numpy_helper.to_array(next(t for t in official.graph.initializer if t.name == div_node.input[1]))
-    assert ours_d.tobytes() == off_d.tobytes()
+# --- the divisor: IEEE, host-independent; an official one within 1 ulp is adopted ---------------------
+def _exp2(q: Fraction) -> int:
+    """floor(log2(q)) of a positive rational."""
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    return e - 1 if Fraction(2) ** e > q else e
+
+
+def _rn32(q: Fraction) -> Fraction:
+    """Round a positive rational to the nearest float32 (ties to even), in exact integer arithmetic."""
+    scale = Fraction(2) ** (23 - _exp2(q))  # 24 significant bits
+    m = q * scale
+    lo = m.numerator // m.denominator
+    rest = m - lo
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and lo % 2):
+        lo += 1
+    return Fraction(lo) / scale
+
+
+def _sqrt_rn32(q: Fraction) -> Fraction:
+    """The float32 nearest to sqrt(q): isqrt at 60 extra bits, then a correctly rounded decision."""
+    k = 200
+    n = (q.numerator << (2 * k)) // q.denominator
+    r = math.isqrt(n)  # floor(sqrt(q) * 2^k), within 1 of it
+    approx = Fraction(r, 1 << k)
+    cand = _rn32(approx)
+    # the nearest float32 to sqrt(q) is cand unless sqrt(q) lies across a midpoint from approx
+    ulp = Fraction(2) ** (_exp2(cand) - 23)
+    for c in (cand - 2 * ulp, cand - ulp, cand, cand + ulp, cand + 2 * ulp):
+        lo, hi = c - ulp / 2, c + ulp / 2
+        if lo * lo <= q <= hi * hi:
+            return c
+    return cand
+
+
+def _oracle(var: np.ndarray, steps) -> np.ndarray:
+    s = Fraction(float(np.float32(steps)))
+    return np.array([float(_sqrt_rn32(_rn32(Fraction(float(v)) / s))) for v in var], np.float32)
+
+
+def test_ieee_divisor_equals_an_exact_rational_oracle():
+    """Every fixture's divisor, and 2,000 log-uniform pairs, against correctly rounded float32 division
+    then sqrt computed in integers (no floating point, no library kernel)."""
+    for ck in CASES:
+        pol = case(ck)[0]
+        for i in range(len(pol.spec.obs_sizes)) if pol.spec.normalize else ():
+            var, steps = pol.tensors[C.c_norm(i, C.NORM_VAR)], pol.tensors[C.c_norm(i, C.NORM_STEPS)]
+            assert ieee_divisor(var, steps).tobytes() == _oracle(var, steps).tobytes(), ck.stem
+    rng = np.random.default_rng(11)
+    var = np.exp(rng.uniform(-20, 25, 2000)).astype(np.float32)
+    for steps in (np.float32(1), np.float32(2000068), np.float32(3.0e7)):
+        assert ieee_divisor(var, steps).tobytes() == _oracle(var, steps).tobytes()
+
+
+@pytest.mark.parametrize("ckpt", [c for c in CASES if case(c)[0].spec.normalize], ids=lambda p: p.stem)
+def test_official_divisor_is_ieee_or_one_ulp_and_is_adopted(ckpt):
+    """ML-Agents folded each official divisor with torch on this project's CPU (MKL's generic sqrt
+    path): within 1 ulp of IEEE; the rebuilt ONNX adopts it (auto) and says so in metadata_props."""
+    pol, ours, official, _ = case(ckpt)
+    found, rebuilt = official_divisors(official), official_divisors(ours)
+    for i in range(len(pol.spec.obs_sizes)):
+        ieee = ieee_divisor(pol.tensors[C.c_norm(i, C.NORM_VAR)], pol.tensors[C.c_norm(i, C.NORM_STEPS)])
+        assert ulp_distance(found[i], ieee).max() <= 1
+        assert rebuilt[i].tobytes() == found[i].tobytes() == pol.divisor(i).tobytes()
+    meta = {p.key: p.value for p in ours.metadata_props}
+    rec = json.loads(meta[C.ONNX_META_DIVISOR])
+    differs = sum(v["differs"] for v in rec["observations"].values())
+    assert rec["source"] == ("official" if differs else "ieee") and rec["mode"] == "auto"
+
+
+def test_huggy_official_divisor_differs_from_ieee_where_recorded():
+    """The committed Huggy file was folded on MKL's generic path: 6 of 59 elements 1 ulp off IEEE."""
+    pol, _, official, _ = case(HUGGY)
+    ieee = ieee_divisor(pol.tensors[C.c_norm(0, C.NORM_VAR)], pol.tensors[C.c_norm(0, C.NORM_STEPS)])
+    d = ulp_distance(official_divisors(official)[0], ieee)
+    assert np.nonzero(d)[0].tolist() == [15, 18, 26, 44, 51, 55] and d.max() == 1
+
+
+def test_ieee_mode_gives_the_same_outputs_within_the_bound_not_bitwise():
+    """--divisor ieee: the rebuilt ONNX keeps IEEE; its outputs differ from the official's only within
+    the derived bound of the two references (bounds.within_both), and bitwise where no divisor differs."""
+    from huggy_convert.verify.bounds import within_both
+
+    prep = prepare_conversion(load_checkpoint(HUGGY), HUGGY.with_suffix(".onnx"), divisor="ieee")
+    pol = prep.conversion.policy
+    assert json.loads(pol.metadata["divisor"])["source"] == "ieee"
+    ours = build_onnx(pol)
+    official = prep.official
+    feed = make_probes(pol, 64, seed=3)
+    a = ort_run(ort_session(model_bytes(ours)), feed)[C.OUT_CONT_DET]
+    b = ort_run(ort_session(official.SerializeToString()), feed)[C.OUT_CONT_DET]
+    assert a.tobytes() != b.tobytes()
+    off_pol = case(HUGGY)[0]
+    j = within_both(reference_forward(pol, feed), reference_forward(off_pol, feed), C.OUT_CONT_DET, a, b)
+    assert j["ok"] and j["ratio"] < 1, j
+
+
+def _artifact_bytes(ckpt: Path):
+    from huggy_convert.converter import policy_bytes
+    from huggy_convert.pipeline import program_bytes
+
+    pol = convert_checkpoint(ckpt).policy  # no reference: IEEE
+    mod = build_module(pol)
+    state = b"".join(v.numpy().tobytes() for v in mod.state_dict().values())
+    return policy_bytes(pol.tensors, pol.metadata), model_bytes(build_onnx(pol)), state, program_bytes(pol)
+
+
+def test_artifacts_do_not_use_torchs_cpu_sqrt(monkeypatch):
+    """A CPU whose torch.sqrt rounds differently (as MKL's AVX-512 and generic paths do) changes no byte:
+    simulated by a torch.sqrt that is 1 ulp off everywhere."""
+    small = step_checkpoints(VARIANTS / "small")[-1]
+    before = _artifact_bytes(small)
+    real = torch.sqrt
+
+    def other_cpu(x, *a, **k):
+        y = real(x, *a, **k)
+        return torch.nextafter(y, torch.full_like(y, float("inf"))) if y.dtype == torch.float32 else y
+
+    monkeypatch.setattr(torch, "sqrt", other_cpu)
+    monkeypatch.setattr(torch.Tensor, "sqrt", lambda self: other_cpu(self))
+    assert _artifact_bytes(small) == before
+
+
+@pytest.mark.slow
+def test_same_artifacts_under_every_mkl_path(tmp_path):
+    """The same checkpoint, no reference: byte-identical .safetensors / .onnx / .pt2 under MKL_CBWR
+    unset, AVX2, COMPATIBLE and AVX512 (where the CPU lacks a path, MKL falls back: still identical)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "Huggy-245828.pt").write_bytes(HUGGY.read_bytes())  # no official ONNX beside it
+    digests = {}
+    for path in ("", "AVX2", "COMPATIBLE", "AVX512"):
+        out = tmp_path / (path or "default")
+        r = subprocess.run([sys.executable, "-m", "huggy_convert.cli", str(src / "Huggy-245828.pt"), str(out),
+                            "--no-verify"], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, MKL_CBWR=path) if path else {k: v for k, v in os.environ.items()
+                                                                              if k != "MKL_CBWR"})
+        assert r.returncode == 0, r.stderr
+        digests[path] = {p.suffix: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+    assert len({json.dumps(d, sort_keys=True) for d in digests.values()}) == 1, digests
+    assert set(digests[""]) == {".safetensors", ".onnx", ".pt2"}
 
 
 @pytest.mark.parametrize("opset", [11, 12, 13, 14, 15])
@@ -137,27 +277,55 @@ def _run(module, feed):
 
 
 @pytest.mark.parametrize("ckpt", CASES, ids=IDS)
-def test_module_fp32_cpu_matches_official_onnx(ckpt):
+def test_module_fp32_cpu_and_official_onnx_within_the_derived_bound(ckpt):
+    """The torch module and onnxruntime on ML-Agents' file, each against the float64 reference of the
+    canonical tensors: every element within its derived bound (verify.bounds), on a batch (addmm) and
+    on single rows (the eager GEMV path); argmax outputs equal."""
     pol, _, official, golden = case(ckpt)
     mod = build_module(pol)
     sr = ort_session(official.SerializeToString())
     golden_feed = _feed(official, golden)
     rows = [{k: v[i:i + 1] for k, v in golden_feed.items()} for i in range(min(16, len(next(iter(golden_feed.values())))))]
-    # a batch (addmm) and single rows (the eager GEMV path), each against onnxruntime on the same rows
     for feed in (golden_feed, make_probes(pol, 64, seed=1), *rows):
-        ref, got = ort_run(sr, feed), _run(mod, feed)
-        for name, v in got.items():
-            if v.dtype.kind == "i":
-                assert np.array_equal(v, ref[name]), name
-                continue
-            d = np.abs(v.astype(np.float64) - ref[name])
-            # <= 1e-6 everywhere but a few Huggy-scale outlier elements, where onnxruntime's own
-            # float32 rounding already reaches ~1e-6 (an exact float64 forward differs from it
-            # by 1.01e-6 there); those stay within 1e-5 relative (Polygraphy's rule)
-            assert d.max() <= 1.5e-6, (name, d.max())
-            over = d > 1e-6
-            assert over.sum() <= 4, (name, over.sum())
-            assert np.all(d[over] <= 1e-5 * np.abs(ref[name][over])), name
+        ref = reference_forward(pol, feed)
+        for runtime, got in (("torch", _run(mod, feed)), ("onnxruntime", ort_run(sr, feed))):
+            for name in ref.values:
+                j = judge(ref, name, got[name])
+                assert j["ok"], (runtime, name, j)
+                if name == C.OUT_DISC_DET:
+                    assert j["equal"] == j["count"], (runtime, j)  # no float32 tie on these inputs
+
+
+def test_the_bound_catches_wrong_weights():
+    """The derived bound is far above float32 rounding but below real mistakes: weights rounded to
+    bfloat16, one first-layer weight off by 1e-2, or one action bias off by 1e-3 all fail it."""
+    from dataclasses import replace
+
+    pol = case(HUGGY)[0]
+    feed = make_probes(pol, 64, seed=1)
+    ref = reference_forward(pol, feed)
+
+    def broken(edit):
+        T = dict(pol.tensors)
+        edit(T)
+        return judge(ref, C.OUT_CONT_DET, _run(build_module(replace(pol, tensors=T)), feed)[C.OUT_CONT_DET])
+
+    def bf16(T):
+        for k in [k for k in T if k.startswith("body.")]:
+            T[k] = torch.from_numpy(T[k]).bfloat16().float().numpy()
+
+    def weight(T):
+        T[C.c_body(0, "weight")] = T[C.c_body(0, "weight")].copy()
+        T[C.c_body(0, "weight")][7, 3] += 1e-2
+
+    def bias(T):
+        T[C.C_MU_B] = T[C.C_MU_B].copy()
+        T[C.C_MU_B][0] += 1e-3
+
+    for edit in (bf16, weight, bias):
+        j = broken(edit)
+        assert not j["ok"] and j["over"] > 0 and j["ratio"] > 1, (edit.__name__, j)
+    assert judge(ref, C.OUT_CONT_DET, _run(build_module(pol), feed)[C.OUT_CONT_DET])["ok"]
 
 
 @pytest.mark.parametrize("ckpt", CASES, ids=IDS)
@@ -172,7 +340,8 @@ def test_sample_draws_noise_on_cpu_from_the_seed(ckpt):
     if pol.spec.continuous_size:  # equals ML-Agents' graph fed the same noise
         eps, _ = mod.draw_noise(16, 7)
         ref = ort_run(ort_session(with_noise_input(official).SerializeToString()), dict(feed, epsilon=eps.numpy()))
-        assert np.max(np.abs(a[0].numpy().astype(np.float64) - ref[C.OUT_CONT])) <= 1e-6
+        r64 = reference_forward(pol, feed, eps.numpy())
+        assert judge(r64, C.OUT_CONT, a[0].numpy())["ok"] and judge(r64, C.OUT_CONT, ref[C.OUT_CONT])["ok"]
     if pol.spec.discrete_branches:  # sampled actions respect the masks
         d = a[-1].numpy()
         start = 0
@@ -238,18 +407,20 @@ def test_fp16_keeps_the_normalizer_float32_where_a_naive_cast_breaks():
     got = _run(ours, feed)[C.OUT_CONT_DET]
     cos = float(np.dot(got.ravel(), ref.ravel()) / np.linalg.norm(got) / np.linalg.norm(ref))
     assert np.isfinite(got).all() and cos >= 0.999 and np.abs(got - ref).max() <= 1e-2
-    naive = build_module(pol, dtype="float16", normalizer_dtype="float16")
-    with torch.no_grad():
-        var16 = naive.norm0_var
-        steps16 = naive.norm0_steps
-        x = torch.from_numpy(feed["obs_0"]).half()
-        normalized = torch.clamp((x - naive.norm0_mean) / torch.sqrt(var16 / steps16), -5, 5)
-    # the running sums and the step count overflow fp16: the observation becomes 0 (or NaN)
+    # the trap of a whole-model .half() of ML-Agents' normalizer: the running sums and the step count
+    # overflow fp16, so the observation becomes 0 (or NaN)
+    var16 = torch.from_numpy(pol.tensors[C.c_norm(0, C.NORM_VAR)]).half()
+    steps16 = torch.from_numpy(pol.tensors[C.c_norm(0, C.NORM_STEPS)]).half()
+    x = torch.from_numpy(feed["obs_0"]).half()
+    mean16 = torch.from_numpy(pol.tensors[C.c_norm(0, C.NORM_MEAN)]).half()
+    normalized = torch.clamp((x - mean16) / torch.sqrt(var16 / steps16), -5, 5)
     assert torch.isinf(var16).any() and torch.isinf(steps16)
     bad = ~torch.isfinite(normalized) | (normalized == 0)
     assert bad.float().mean() > 0.5
+    # even the folded divisor in fp16 (which fits) breaks the fp16 threshold: x - mean loses its digits
+    naive = build_module(pol, dtype="float16", normalizer_dtype="float16")
     naive_out = _run(naive, feed)[C.OUT_CONT_DET]
-    assert not np.isfinite(naive_out).all() or np.abs(naive_out - ref).max() > 0.05
+    assert not np.isfinite(naive_out).all() or np.abs(naive_out - ref).max() > 1e-2
 
 
 def test_saved_program_loads_with_plain_torch_and_reproduces(tmp_path):

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 from .checkpoint import Checkpoint, load_checkpoint, sha256_file  # noqa: F401
 from .mapping import MappedPolicy, map_policy  # noqa: F401
 from .policy_file import Policy, atomic_write_bytes, build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
+from .reference import divisor_record, official_divisors, reconcile_divisors  # noqa: F401
 from .spec import PPO, SAC, PolicySpec  # noqa: F401
 
 
@@ -17,12 +18,18 @@ class Conversion:
     mapped: MappedPolicy
 
 
-def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:
+def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None, official=None,
+                           divisor: str = "auto", reference_name: Optional[str] = None,
+                           reference_sha256: Optional[str] = None) -> Conversion:
+    """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
+    official ONNX) as :func:`reference.reconcile_divisors` decides."""
     mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes)
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
                         step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
                         exact_steps=mapped.exact_steps)
-    return Conversion(Policy(mapped.spec, mapped.tensors, mapped.sources, md), ckpt, mapped)
+    policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
+                                   reference_name, reference_sha256)
+    return Conversion(policy, ckpt, mapped)
 
 
 def convert_checkpoint(path, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:

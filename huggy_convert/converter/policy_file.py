@@ -35,6 +35,10 @@ class Policy:
     sources: Dict[str, str] = field(default_factory=dict)
     metadata: Dict[str, str] = field(default_factory=dict)
 
+    def divisor(self, i: int) -> np.ndarray:
+        """The float32 divisor of observation ``i``'s normalizer, the one every artifact uses."""
+        return self.tensors[C.c_divisor(i)]
+
     @property
     def exact_steps(self) -> Dict[str, int]:
         return {k: int(v) for k, v in json.loads(self.metadata.get("normalizer_exact_steps", "{}")).items()}
@@ -126,11 +130,21 @@ def load_policy(path) -> Policy:
         raise PolicyFileError(f"not a readable safetensors file ({' '.join(str(exc).split())[:160]})", p) from None
     if md.get("format") != C.FORMAT_NAME:
         raise PolicyFileError(f"not a huggy-convert policy (metadata format is {md.get('format')!r})", p)
-    if md.get("format_version") != C.FORMAT_VERSION:
-        raise PolicyFileError(f"policy format version {md.get('format_version')!r}, this tool reads {C.FORMAT_VERSION}", p)
+    if md.get("format_version") not in C.FORMAT_VERSIONS_READ:
+        raise PolicyFileError(f"policy format version {md.get('format_version')!r}, this tool reads "
+                              f"{', '.join(C.FORMAT_VERSIONS_READ)}", p)
     try:
         spec = PolicySpec.from_json(md["spec"])
         sources = json.loads(md.get("sources", "{}"))
     except (KeyError, ValueError, TypeError) as exc:
         raise PolicyFileError(f"damaged metadata ({exc})", p) from None
-    return Policy(spec=spec, tensors=tensors, sources=sources, metadata=md)
+    policy = Policy(spec=spec, tensors=tensors, sources=sources, metadata=md)
+    if md.get("format_version") != "1" and spec.normalize:
+        missing = [C.c_divisor(i) for i in range(len(spec.obs_sizes)) if C.c_divisor(i) not in tensors]
+        if missing:
+            raise PolicyFileError(f"missing tensor '{missing[0]}' (a format-2 policy stores each normalizer's divisor)", p)
+    if md.get("format_version") == "1" and spec.normalize:  # written before divisors were stored: IEEE
+        from .reference import reconcile_divisors
+
+        policy, _ = reconcile_divisors(policy)
+    return policy

@@ -2,8 +2,9 @@
 
 At opset 9 the node sequence mirrors what ML-Agents' ``ModelSerializer`` gets from torch's
 legacy exporter (constant folding on): per observation Sub/Div/Clip with the divisor folded
-into one initializer ``sqrt(running_variance / normalization_steps)`` computed by torch on the
-CPU exactly as the folding does, Concat, Gemm/Sigmoid/Mul per layer, the LSTM path, the
+into one initializer ``sqrt(running_variance / normalization_steps)`` — the policy's own divisor
+tensor (IEEE-exact, or adopted from the official ONNX: ``converter.reference``), never torch's CPU
+sqrt, whose result depends on the CPU — Concat, Gemm/Sigmoid/Mul per layer, the LSTM path, the
 continuous head (RandomNormalLike for the sample, Clip/Div or Tanh), the discrete head (mask,
 Softmax, Log/Multinomial, ArgMax) and Identity nodes for the constant outputs.
 
@@ -28,16 +29,6 @@ from ..converter import Policy
 from ..errors import ExportError
 
 PRODUCER = "huggy-convert"
-
-
-def folded_divisor(variance: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """``sqrt(running_variance / normalization_steps)`` computed by torch's CPU kernels, as the
-    exporter's constant folding does (torch's float32 sqrt is not always numpy's, by 1 ulp)."""
-    import torch
-
-    v = torch.from_numpy(np.ascontiguousarray(variance, dtype=np.float32))
-    s = torch.from_numpy(np.ascontiguousarray(steps, dtype=np.float32).reshape(()))
-    return torch.sqrt(v / s).numpy().astype(np.float32)
 
 
 class _Graph:
@@ -126,8 +117,7 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
         if spec.normalize:
             scope = f"/network_body/observation_encoder/processors.{i}/normalizer"
             mean = g.init(src(C.c_norm(i, C.NORM_MEAN)), T[C.c_norm(i, C.NORM_MEAN)])
-            div = g.init(f"{C.NORM_PREFIX.format(i=i)}divisor",
-                         folded_divisor(T[C.c_norm(i, C.NORM_VAR)], T[C.c_norm(i, C.NORM_STEPS)]))
+            div = g.init(f"{C.NORM_PREFIX.format(i=i)}divisor", policy.divisor(i))
             x = g.node("Sub", [name, mean], scope)
             x = g.node("Div", [x, div], scope)
             x = g.clip(x, -C.NORM_CLIP, C.NORM_CLIP, scope)
@@ -249,6 +239,8 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name=PRODUCER, producer_version=__version__)
     model.ir_version = 6 if opset <= 11 else 7
+    if spec.normalize and C.MD_DIVISOR in policy.metadata:
+        helper.set_model_props(model, {C.ONNX_META_DIVISOR: policy.metadata[C.MD_DIVISOR]})
     onnx.checker.check_model(model, full_check=True)
     return model
 

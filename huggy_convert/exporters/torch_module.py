@@ -70,14 +70,11 @@ class PolicyModule(nn.Module):
         self._pinned: List[str] = []
         for i in range(len(spec.obs_sizes)):
             if spec.normalize:
-                for field, short in ((C.NORM_MEAN, "mean"), (C.NORM_VAR, "var"), (C.NORM_STEPS, "steps")):
-                    name = f"norm{i}_{short}"
-                    self.register_buffer(name, _t(T[C.c_norm(i, field)], normalizer_dtype).reshape(-1 if short != "steps" else ()))
+                # the mean and the policy's divisor: the same float32 numbers as the ONNX written beside
+                # it (IEEE, or adopted from the official ONNX), never torch's CPU sqrt (host-dependent)
+                for name, value in ((f"norm{i}_mean", T[C.c_norm(i, C.NORM_MEAN)]), (f"norm{i}_div", policy.divisor(i))):
+                    self.register_buffer(name, _t(value, normalizer_dtype).reshape(-1))
                     self._pinned.append(name)
-                # the folded divisor, computed once as torch's constant folding computes it
-                div = torch.sqrt(getattr(self, f"norm{i}_var") / getattr(self, f"norm{i}_steps"))
-                self.register_buffer(f"norm{i}_div", div)
-                self._pinned.append(f"norm{i}_div")
         self.body = nn.ModuleList()
         for layer in range(spec.num_layers):
             self.body.append(Affine(_t(T[C.c_body(layer, "weight")], dtype), _t(T[C.c_body(layer, "bias")], dtype)))

@@ -236,11 +236,8 @@ class Source:
         for i, n in enumerate(self.spec.obs_sizes):
             mean = div = None
             if self.policy is not None and self.spec.normalize:
-                from ..exporters.onnx_export import folded_divisor
-
-                T = self.policy.tensors
-                mean = T[C.c_norm(i, C.NORM_MEAN)]
-                div = folded_divisor(T[C.c_norm(i, C.NORM_VAR)], T[C.c_norm(i, C.NORM_STEPS)])
+                mean = self.policy.tensors[C.c_norm(i, C.NORM_MEAN)]
+                div = self.policy.divisor(i)
             elif self.model is not None:
                 mean, div = self.onnx_view.obs_scale(i)
             if mean is None or div is None:
@@ -260,14 +257,16 @@ class Source:
                 tensors[C.c_norm(i, C.NORM_MEAN)] = mean
                 tensors[C.c_norm(i, C.NORM_VAR)] = div.astype(np.float64) ** 2
                 tensors[C.c_norm(i, C.NORM_STEPS)] = np.ones((), np.float32)
+                tensors[C.c_divisor(i)] = div
         return Policy(spec=self.spec, tensors=tensors)
 
 
-def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
+def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = "auto") -> Source:
     """Read a mode's input: ``.pt`` checkpoint, ``.safetensors`` policy, ``.onnx`` model, or a run
-    directory (its newest step checkpoint)."""
-    from ..converter import load_checkpoint, load_policy, policy_from_checkpoint
-    from ..pipeline import default_reference, load_reference, obs_sizes_from_reference
+    directory (its newest step checkpoint). A checkpoint's divisors are decided as a conversion
+    decides them (``pipeline.prepare_conversion``: the sibling official ONNX, ``divisor`` mode)."""
+    from ..converter import load_checkpoint, load_policy
+    from ..pipeline import default_reference, prepare_conversion
 
     p = Path(path)
     t0 = time.perf_counter()
@@ -280,13 +279,7 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None) -> Source:
     suffix = p.suffix.lower()
     if suffix in CKPT_SUFFIXES:
         ckpt = load_checkpoint(p)
-        ref = default_reference(p)
-        if obs_sizes is None and ref is not None:
-            try:  # an unreadable neighbour does not make the checkpoint unreadable
-                obs_sizes = obs_sizes_from_reference(ckpt, load_reference(ref))
-            except InputError:
-                pass
-        conv = policy_from_checkpoint(ckpt, obs_sizes=obs_sizes)
+        conv = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True).conversion
         src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
     elif suffix == ".safetensors":
         pol = load_policy(p)

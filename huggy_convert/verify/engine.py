@@ -15,13 +15,19 @@ from .. import __version__
 from .. import contract as C
 from ..converter import Checkpoint, Policy, atomic_write_bytes
 from ..exporters.devices import available_devices, device_name
+from ..converter.reference import describe as describe_divisor
+from ..converter.reference import divisor_record, official_divisors
 from ..exporters.onnx_export import model_bytes, with_noise_input
+from ..host import describe as describe_host
+from ..host import host_info, same_arithmetic
 from . import checks as K
+from .bounds import reference_forward, within_both
 from .probes import make_noise, make_probes
 from .report import FAIL, PASS, SKIP, WARN, Check, Report
 from .runtime import INTRA_OP_THREADS, ort_run, ort_session
 
 GOLDEN_IN, GOLDEN_OUT, GOLDEN_NOISE, GOLDEN_NOISED = "in.", "out.", "noise", "noised." + C.OUT_CONT
+GOLDEN_HOST = "host"  # JSON of host.host_info() where the golden outputs were computed
 
 
 @dataclass
@@ -48,7 +54,7 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
         "numpy": np.__version__, "safetensors": safetensors.__version__,
         "execution_provider": "CPUExecutionProvider", "ort_intra_op_threads": INTRA_OP_THREADS,
         "ort_inter_op_threads": 1, "torch_threads": torch.get_num_threads(),
-        "devices": {d: device_name(d) for d in devices},
+        "devices": {d: device_name(d) for d in devices}, "host": host_info(),
     }
 
 
@@ -89,7 +95,12 @@ def program_runner(path, input_names, output_names):
 def load_golden(path) -> Dict[str, Dict[str, np.ndarray]]:
     with np.load(path) as z:
         d = {k: z[k] for k in z.files}
+    try:
+        host = json.loads(str(d.pop(GOLDEN_HOST))) if GOLDEN_HOST in d else None
+    except ValueError:
+        host = None
     return {
+        "host": host,
         "inputs": {k[len(GOLDEN_IN):]: v for k, v in d.items() if k.startswith(GOLDEN_IN)},
         "outputs": {k[len(GOLDEN_OUT):]: v for k, v in d.items() if k.startswith(GOLDEN_OUT)},
         "noise": {"probes": d[GOLDEN_NOISE]} if GOLDEN_NOISE in d else {},
@@ -103,6 +114,7 @@ def golden_bytes(feed, outputs, noise=None, noised=None) -> bytes:
     if noise is not None:
         arrays[GOLDEN_NOISE] = noise
         arrays[GOLDEN_NOISED] = noised
+    arrays[GOLDEN_HOST] = np.array(json.dumps(host_info(), sort_keys=True))  # a str array: no pickle
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
@@ -119,12 +131,26 @@ def _ml_agents_golden(official_path: Optional[Path]) -> Optional[Dict[str, np.nd
         return {k: z[k] for k in z.files}
 
 
+def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
+    """``policy`` dividing by ``divisors`` (the official ONNX's) instead of its own."""
+    from dataclasses import replace
+
+    tensors = dict(policy.tensors)
+    for i, d in divisors.items():
+        if C.c_divisor(i) in tensors and tensors[C.c_divisor(i)].shape == d.shape:
+            tensors[C.c_divisor(i)] = d
+    return replace(policy, tensors=tensors)
+
+
 def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint: Optional[Checkpoint] = None,
            policy_file_name: str = "", official: Optional[onnx.ModelProto] = None,
            official_path: Optional[Path] = None, golden_path: Optional[Path] = None,
            pt2_path: Optional[Path] = None, options: Optional[VerifyOptions] = None,
            write_golden: Optional[Path] = None, extra_modules: Sequence = ()) -> Report:
-    """All five checks. ``extra_modules``: (title, module) pairs verified like the built ones."""
+    """All five checks. ``extra_modules``: (title, module) pairs verified like the built ones.
+
+    The float64 reference (verify.bounds) of ``policy`` judges every float32 runtime (check 4) and,
+    where bitwise equality is not expected, the outputs of check 3."""
     import torch
 
     from ..exporters.torch_module import build_module
@@ -132,7 +158,11 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject, environment=environment(devices))
+    here = rep.environment["host"]
     spec = policy.spec
+    decision = divisor_record(policy)
+    if spec.normalize and decision:
+        rep.notes.append(f"divisor: {describe_divisor(decision)}")
 
     # 1
     rep.checks.append(K.check_safetensors(policy, checkpoint, policy_file_name))
@@ -146,12 +176,31 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
     feeds = {"probes": probes}
     noises = {"probes": noise} if noise is not None else {}
-    ref_name, run_ref, run_ref_noise = None, None, None
+    ref_name, run_ref, run_ref_noise, fallback = None, None, None, None
     golden = load_golden(golden_path) if golden_path and Path(golden_path).is_file() else None
+    off_policy = policy  # the reference policy of the official file (its own divisors)
+    refs: Dict[tuple, object] = {}
+
+    def reference(pol: Policy, feed_name: str, feed, with_noise: bool):
+        key = (id(pol), feed_name, with_noise)
+        if key not in refs:
+            refs[key] = reference_forward(pol, feed, noises.get(feed_name) if with_noise else None)
+        return refs[key]
+
+    def judge_pair(pol_a: Policy, pol_b: Policy):
+        def judge(feed_name, feed, name, a, b):
+            w = name == C.OUT_CONT
+            return within_both(reference(pol_a, feed_name, feed, w), reference(pol_b, feed_name, feed, w), name, a, b)
+        return judge
 
     if official is not None:
         ref_name = f"official {official_path.name if official_path else 'ONNX'}"
-        rep.checks.append(K.check_onnx_structure(rebuilt, official, subject, ref_name))
+        rep.checks.append(K.check_onnx_structure(rebuilt, official, subject, ref_name, policy=policy))
+        off_div = official_divisors(official)
+        if spec.normalize and any(C.c_divisor(i) in policy.tensors and off_div[i].shape == policy.divisor(i).shape
+                                  and off_div[i].tobytes() != policy.divisor(i).tobytes() for i in off_div):
+            off_policy = _with_divisors(policy, off_div)
+            fallback = ("the divisors differ by 1 ulp: --divisor ieee", judge_pair(policy, off_policy))
         try:
             off_sess = ort_session(official.SerializeToString())
             off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
@@ -160,7 +209,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
         except Exception as exc:
             rep.checks.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {exc}"))
         mlg = _ml_agents_golden(official_path)
-        if mlg is not None:
+        if mlg is not None and run_ref is not None:
             names = [i.name for i in off_sess.get_inputs()]
             if all(n in mlg for n in names):
                 feeds["golden (ML-Agents)"] = {n: mlg[n] for n in names}
@@ -169,7 +218,18 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
                     noises["golden (ML-Agents)"] = make_noise(policy, rows, o.seed + 1)
     elif golden is not None:
         ref_name = f"golden outputs ({Path(golden_path).name})"
-        rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion")
+        gh = golden["host"]
+        if gh is None:
+            rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion "
+                             "(it does not say which host wrote it)")
+        elif same_arithmetic(gh, here):
+            rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion on this host")
+        else:
+            rep.notes.append(f"no official ONNX: the golden file was written on another host ({describe_host(gh)}); "
+                             f"this is {describe_host(here)}: outputs that are not bitwise are judged by the derived bound")
+        if gh is None or not same_arithmetic(gh, here):
+            fallback = ("golden written on another host" if gh is not None else "golden of an unknown host",
+                        judge_pair(policy, policy))
         feeds = {"golden": golden["inputs"]}
         noises = {"golden": golden["noise"]["probes"]} if golden["noise"] else {}
         run_ref = lambda name, feed: golden["outputs"]  # noqa: E731
@@ -182,85 +242,93 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
 
     # 3
     if run_ref is not None and not any(c.title.startswith("3 ") for c in rep.checks):
-        rep.checks.append(K.check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds, noises, policy, ref_name))
+        rep.checks.append(K.check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds, noises, policy,
+                                          ref_name, fallback))
     elif run_ref is None and not any(c.title.startswith("3 ") for c in rep.checks):
         rep.checks.append(Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)"))
-        run_ref = lambda name, feed: run_ours(feed)  # noqa: E731 - the rebuilt ONNX is the reference for 4
-        run_ref_noise = (lambda name, feed: run_ours_noise(feed)) if run_ours_noise else None  # noqa: E731
-        ref_name = "rebuilt ONNX"
 
-    # reference outputs on the main feed
+    # 4: every runtime against the float64 reference of the canonical tensors
     main_feed_name = next(iter(feeds))
     main_feed = feeds[main_feed_name]
-    ref_out = {k: v for k, v in run_ref(main_feed_name, main_feed).items() if k in
-               (C.OUT_CONT_DET, C.OUT_DISC_DET, C.RECURRENT_OUT)}
-    ref_noised = None
-    if run_ref_noise is not None and main_feed_name in noises:
-        ref_noised = run_ref_noise(main_feed_name, dict(main_feed, **{C.NOISE_INPUT: noises[main_feed_name]}))[C.OUT_CONT]
+    main_noise = noises.get(main_feed_name)
+    ref = reference(policy, main_feed_name, main_feed, False)
+    ref_n = reference(policy, main_feed_name, main_feed, True) if main_noise is not None else None
+    zero_feed = {k: np.zeros_like(v) for k, v in main_feed.items()}
+    c4 = Check("4 runtimes vs the float64 reference")
 
-    # 4
-    c4 = Check(f"4 torch module vs {ref_name} (onnxruntime)")
+    ort_runs = [("onnxruntime: rebuilt ONNX (cpu float32)", run_ours, run_ours_noise, ref, ref_n)]
+    if official is not None and run_ref is not None:
+        o_ref = reference(off_policy, main_feed_name, main_feed, False)
+        o_ref_n = reference(off_policy, main_feed_name, main_feed, True) if main_noise is not None else None
+        ort_runs.append((f"onnxruntime: {ref_name} (cpu float32)", lambda f: run_ref(main_feed_name, f),
+                         (lambda f: run_ref_noise(main_feed_name, f)) if run_ref_noise else None, o_ref, o_ref_n))
+    for title, run, run_n, r, rn in ort_runs:
+        nz = (run_n, rn) if (run_n is not None and rn is not None) else None
+        c4.add(K.check_runtime(title, run, r, main_feed, "float32", o.atol, o.cosine, {}, None, o.rtol,
+                               (lambda fn=run_n: fn(dict(main_feed, **{C.NOISE_INPUT: main_noise}))[C.OUT_CONT], rn)
+                               if nz else None))
     cpu32 = None  # the cpu float32 module, reused by the fingerprints
     for dev in devices:
         for dt in o.dtypes:
             try:
                 mod = build_module(policy, device=dev, dtype=dt)
             except Exception as exc:
-                c4.add(Check(f"{dev} {dt}", FAIL, f"could not build: {exc}"))
+                c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
                 continue
             norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
             runner = module_runner(mod)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
-            zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
-            sub = K.check_module_outputs(f"{dev} {dt}", runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol)
-            if dt == "float32" and ref_noised is not None:
-                with torch.no_grad():
-                    xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
-                    got = mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noises[main_feed_name]))[0].cpu().numpy()
-                s = K.array_stats(ref_noised, got)
-                tol = K.DEFAULT_TOLERANCES["float32"]
-                sub.add(Check(f"{C.OUT_CONT} (injected noise)", PASS if tol.passes(s, ref_noised, got) else FAIL,
-                              K._fmt(s), figures=s))
-            c4.add(sub)
+            nz = None
+            if ref_n is not None:
+                def run_noise(mod=mod, dev=dev):
+                    with torch.no_grad():
+                        xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
+                        return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(main_noise))[0].float().cpu().numpy()
+                nz = (run_noise, ref_n)
+            c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref, main_feed, dt, o.atol, o.cosine, norm,
+                                   lambda r=runner: r(zero_feed), o.rtol, nz))
     for title, mod in extra_modules:
         norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
-        dt = str(next(mod.parameters()).dtype).replace("torch.", "")
+        dt = str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters()) else "float32"
         runner = module_runner(mod)
-        zero = lambda r=runner: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
-        c4.add(K.check_module_outputs(title, runner, ref_out, main_feed, dt, o.atol, o.cosine, norm, zero, o.rtol))
+        c4.add(K.check_runtime(title, runner, ref, main_feed, dt, o.atol, o.cosine, norm,
+                               lambda r=runner: r(zero_feed), o.rtol))
     if pt2_path is not None and Path(pt2_path).is_file():
-
         try:
             prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
-            dt = "float32"
-            if any(v == "float16" for v in pbuf.values()):
-                dt = "float16"
-            zero = lambda r=prun: r({k: np.zeros_like(v) for k, v in main_feed.items()})  # noqa: E731
-            c4.add(K.check_module_outputs(f"saved program {Path(pt2_path).name} (cpu)", prun, ref_out, main_feed, dt,
-                                          o.atol, o.cosine, pbuf, zero, o.rtol))
+            dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
+            c4.add(K.check_runtime(f"saved program {Path(pt2_path).name} (cpu)", prun, ref, main_feed, dt, o.atol,
+                                   o.cosine, pbuf, lambda r=prun: r(zero_feed), o.rtol))
         except Exception as exc:
             c4.add(Check(f"saved program {Path(pt2_path).name}", FAIL,
                          f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
     nfail = sum(1 for ch in c4.children if ch.status == FAIL)
-    c4.summary = f"{len(c4.children) - nfail}/{len(c4.children)} device/dtype runs within tolerance"
+    ratios = [ch.figures.get("max_bound_ratio") for ch in c4.children if ch.figures.get("max_bound_ratio") is not None]
+    c4.summary = (f"{len(c4.children) - nfail}/{len(c4.children)} runs within bounds"
+                  + (f"; float32 worst error/bound {max(ratios):.3g}" if ratios else "")
+                  + f" ({main_feed_name}, {int(next(iter(main_feed.values())).shape[0])} rows)")
+    c4.figures = {"feed": main_feed_name, "max_bound_ratio": max(ratios) if ratios else None}
     rep.checks.append(c4)
 
-    # 5
+    # 5: the reference's fingerprint (the same on every host) + this host's runtimes, stable between runs
     c5 = Check("5 determinism fingerprints")
     if cpu32 is None:
         cpu32 = module_runner(build_module(policy, "cpu", "float32"))
+    ref_step = K.reference_step(policy)
     fps = {}
     for steps in o.fingerprint_steps:
+        f = K.fingerprint(ref_step, policy, steps, o.seed)
         a = K.fingerprint(cpu32, policy, steps, o.seed)
         b = K.fingerprint(cpu32, policy, steps, o.seed)
         ra = K.fingerprint(run_ours, policy, steps, o.seed)
         rb = K.fingerprint(run_ours, policy, steps, o.seed)
-        fps[steps] = {"torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
+        fps[steps] = {"reference": f, "torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
         ok = a == b and ra == rb
         c5.add(Check(f"{steps} steps", PASS if ok else FAIL,
-                     f"torch cpu {a[:16]}… ({'stable' if a == b else 'CHANGED between runs'}), "
-                     f"onnxruntime {ra[:16]}… ({'stable' if ra == rb else 'CHANGED between runs'})"))
+                     f"reference {f[:16]}… (float64, any host); this host: torch cpu {a[:12]}… "
+                     f"({'stable' if a == b else 'CHANGED between runs'}), onnxruntime {ra[:12]}… "
+                     f"({'stable' if ra == rb else 'CHANGED between runs'})"))
         for dev in devices:
             if dev == "cpu":
                 continue
@@ -270,12 +338,16 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
                          f"{d[:16]}… " + ("equal to cpu" if d == a else "differs from cpu (device arithmetic differs; "
                                                                            "not a failure)")))
     c5.figures = {"fingerprints": fps}
-    c5.summary = ", ".join(f"{s}: {v['torch_cpu_float32'][:12]}" for s, v in fps.items())
+    c5.summary = ", ".join(f"{s}: {v['reference'][:12]}" for s, v in fps.items())
     rep.checks.append(c5)
 
     if write_golden is not None:
-        full_ref = run_ref(main_feed_name, main_feed) if official is not None else run_ours(main_feed)
-        atomic_write_bytes(write_golden, golden_bytes(main_feed, full_ref, noises.get(main_feed_name), ref_noised))
+        full_ref = run_ref(main_feed_name, main_feed) if official is not None and run_ref is not None else run_ours(main_feed)
+        ref_noised = None
+        if main_noise is not None:
+            rn = run_ref_noise if official is not None and run_ref_noise is not None else (lambda n, f: run_ours_noise(f))
+            ref_noised = rn(main_feed_name, dict(main_feed, **{C.NOISE_INPUT: main_noise}))[C.OUT_CONT]
+        atomic_write_bytes(write_golden, golden_bytes(main_feed, full_ref, main_noise, ref_noised))
     return rep
 
 

@@ -1,0 +1,176 @@
+"""The official ONNX as a reference: its folded normalizer divisors, and the divisor decision.
+
+ML-Agents folds ``sqrt(running_variance / normalization_steps)`` into one initializer with torch on
+the exporting machine's CPU, where MKL's float32 sqrt is exact (AVX2 path) or 1 ulp off on some
+elements (AVX-512, generic paths). So an official divisor equal to the IEEE value or 1 ulp from it
+on some elements is expected ("folded on another CPU"); anything further away is not the same
+normalizer (``sqrt(var + eps)``, another checkpoint's file) and fails verification.
+
+``reconcile_divisors`` decides what the artifacts divide by:
+- ``auto`` (default): with an official ONNX whose divisor is within 1 ulp of IEEE everywhere, adopt
+  the official's divisor, so the rebuilt ONNX's outputs are bitwise equal to the official's;
+- ``ieee``: always the IEEE value (the same bytes on every machine, with or without a reference).
+The decision is recorded in the policy's metadata (``divisor``), and from there in the ONNX's
+``metadata_props``, the report, ``verify.json`` and the batch manifest.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from .. import contract as C
+from ..errors import InputError
+from ..numerics import ieee_divisor, ulp_distance
+
+
+def divisor_initializers(model) -> Dict[int, str]:
+    """{observation index: initializer name} of the folded divisor in an ML-Agents graph: the Div fed
+    by ``Sub(obs_i, running_mean)``, second input (through torch 2.x's dedup Identity, if any)."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    alias = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input and n.input[0] in inits}
+    consumers: Dict[str, list] = {}
+    for n in g.node:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    out: Dict[int, str] = {}
+    for vi in g.input:
+        name = vi.name
+        if not name.startswith(C.OBS_INPUT.format(i="")) or not name[len(C.OBS_INPUT.format(i="")):].isdigit():
+            continue
+        i = int(name[len(C.OBS_INPUT.format(i="")):])
+        for sub in consumers.get(name, []):
+            if sub.op_type != "Sub":
+                continue
+            for div in consumers.get(sub.output[0], []):
+                if div.op_type == "Div" and len(div.input) == 2 and div.input[0] == sub.output[0]:
+                    d = alias.get(div.input[1], div.input[1])
+                    if d in inits:
+                        out[i] = d
+    return out
+
+
+def official_divisors(model) -> Dict[int, np.ndarray]:
+    """{observation index: float32 divisor [n]} folded into an ML-Agents ONNX."""
+    from onnx import numpy_helper
+
+    names = divisor_initializers(model)
+    by_name = {t.name: t for t in model.graph.initializer if t.name in set(names.values())}
+    return {i: numpy_helper.to_array(by_name[n]).astype(np.float32).reshape(-1) for i, n in names.items()}
+
+
+def _hex(x: np.float32) -> str:
+    return "0x%08x" % int(np.float32(x).view(np.uint32))
+
+
+def compare_divisor(official: np.ndarray, ieee: np.ndarray) -> Dict[str, object]:
+    """Element-wise comparison of an official divisor with the IEEE one: counts, indices, max ulp,
+    and the worst element (index, both values, ulp distance)."""
+    if official.shape != ieee.shape:
+        return {"shape_mismatch": [list(ieee.shape), list(official.shape)], "max_ulp": None}
+    ulp = ulp_distance(official, ieee)
+    idx = np.nonzero(ulp)[0]
+    d: Dict[str, object] = {"count": int(ieee.size), "differs": int(idx.size), "indices": [int(k) for k in idx],
+                            "max_ulp": int(ulp.max()) if ulp.size else 0}
+    if idx.size:
+        k = int(np.argmax(ulp))
+        d["worst"] = {"index": k, "official": float(official[k]), "official_bits": _hex(official[k]),
+                      "ieee": float(ieee[k]), "ieee_bits": _hex(ieee[k]), "ulp": int(ulp[k])}
+    return d
+
+
+def divisor_problem(obs: int, cmp: Dict[str, object]) -> Optional[str]:
+    """The failure sentence for one observation's comparison, or None when within 1 ulp."""
+    if "shape_mismatch" in cmp:
+        want, got = cmp["shape_mismatch"]
+        return f"obs_{obs} divisor has shape {got} in the official ONNX, the checkpoint's normalizer has {want}"
+    if cmp["max_ulp"] <= 1:
+        return None
+    w = cmp["worst"]
+    return (f"obs_{obs} divisor[{w['index']}]: official {w['official']!r} ({w['official_bits']}), "
+            f"IEEE sqrt(variance/steps) {w['ieee']!r} ({w['ieee_bits']}): {w['ulp']} ulp apart "
+            f"({cmp['differs']}/{cmp['count']} elements differ; another CPU's sqrt explains at most 1 ulp: "
+            "not this checkpoint's normalizer)")
+
+
+def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
+    T = policy.tensors
+    return {i: ieee_divisor(T[C.c_norm(i, C.NORM_VAR)], T[C.c_norm(i, C.NORM_STEPS)])
+            for i in range(len(policy.spec.obs_sizes))} if policy.spec.normalize else {}
+
+
+def reconcile_divisors(policy, official=None, mode: str = "auto", reference_name: Optional[str] = None,
+                       reference_sha256: Optional[str] = None) -> Tuple[object, Dict[str, object]]:
+    """(policy whose ``obs.{i}.normalizer.divisor`` tensors are the ones to export, the decision).
+
+    The decision (also stored as the policy's ``divisor`` metadata): ``mode``, ``source`` (``ieee``,
+    ``official`` or ``none`` without a normalizer), the reference's name and sha256, and per
+    observation the comparison with IEEE; ``problem`` names an official divisor more than 1 ulp
+    from IEEE (then IEEE is used, and verification fails on it)."""
+    if mode not in C.DIVISOR_MODES:
+        raise InputError(f"--divisor {mode!r}: choose one of {', '.join(C.DIVISOR_MODES)}")
+    spec = policy.spec
+    decision: Dict[str, object] = {"mode": mode, "source": "ieee" if spec.normalize else "none"}
+    ieee = policy_ieee_divisors(policy)
+    tensors = dict(policy.tensors)
+    for i, d in ieee.items():
+        tensors[C.c_divisor(i)] = d
+    if official is not None and spec.normalize:
+        decision["reference"] = reference_name
+        decision["reference_sha256"] = reference_sha256
+        found = official_divisors(official)
+        per_obs, problems = {}, []
+        for i, d in ieee.items():
+            if i not in found:
+                per_obs[str(i)] = {"found": False}
+                problems.append(f"the official ONNX has no folded divisor for obs_{i}")
+                continue
+            cmp = compare_divisor(found[i], d)
+            per_obs[str(i)] = cmp
+            p = divisor_problem(i, cmp)
+            if p:
+                problems.append(p)
+        decision["observations"] = per_obs
+        if problems:
+            decision["problem"] = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        elif mode == "auto" and any(v.get("differs") for v in per_obs.values()):
+            decision["source"] = "official"
+            for i in ieee:
+                tensors[C.c_divisor(i)] = found[i].copy()
+    md = dict(policy.metadata)
+    md[C.MD_DIVISOR] = json.dumps(decision, sort_keys=True, separators=(",", ":"))
+    return replace(policy, tensors=tensors, metadata=md), decision
+
+
+def divisor_record(policy) -> Dict[str, object]:
+    """The divisor decision recorded in a policy's metadata ({} for a version-1 file)."""
+    try:
+        return json.loads(policy.metadata.get(C.MD_DIVISOR, "{}"))
+    except ValueError:
+        return {}
+
+
+def describe(decision: Dict[str, object]) -> str:
+    """One line for the CLI, the report and the manifest."""
+    src = decision.get("source")
+    if src == "none":
+        return "no normalizer"
+    obs = decision.get("observations") or {}
+    diff = sum(v.get("differs", 0) for v in obs.values())
+    total = sum(v.get("count", 0) for v in obs.values())
+    if decision.get("problem"):
+        return f"IEEE (the official's is not this normalizer: {decision['problem']})"
+    if src == "official":
+        idx = {k: v["indices"] for k, v in obs.items() if v.get("differs")}
+        where = "; ".join(f"obs_{k} {v}" for k, v in idx.items())
+        return (f"adopted from the official ONNX: {diff}/{total} elements 1 ulp from IEEE "
+                f"(folded on another CPU's sqrt path) at {where}")
+    if obs:
+        if diff:
+            return (f"IEEE (--divisor ieee): the official's differs by 1 ulp on {diff}/{total} elements "
+                    "(folded on another CPU's sqrt path)")
+        return f"IEEE, equal to the official's on all {total} elements"
+    return "IEEE (correctly rounded float32 division, then sqrt)"

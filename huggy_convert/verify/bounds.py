@@ -1,0 +1,264 @@
+"""A float64 forward of the canonical tensors with a per-element bound on any float32 runtime's error.
+
+Every float32 runtime (onnxruntime, the torch module on any device, the ``.pt2``) computes the same
+function with its own kernels: other summation orders, FMA or not, approximate activations. None of
+them is "the" answer; the float64 forward of the policy's own float32 tensors is (to ~1e-16), and
+each float32 result must lie within a rounding-error bound of it. The bound is derived, element by
+element, from the data and the policy, not tuned to a machine:
+
+- Each float32 operation returns ``x (1 + d)`` with ``|d| <= u = 2^-24``. An inner product of
+  length ``n`` (plus its bias) summed in *any* order has the error ``sum_k d_k S_k`` over its ``n``
+  roundings, where each partial sum ``|S_k| <= A = sum |w_j h_j| + |b|``. Modelling the ``d_k`` as
+  independent and mean-zero (Higham & Mary, "A new approach to probabilistic rounding error
+  analysis", SIAM J. Sci. Comput. 41(5), 2019), Hoeffding's inequality gives
+  ``|error| <= lam * u * sqrt(n + 1) * A`` except with probability ``2 exp(-lam^2 / 2)``;
+  ``lam = LAMBDA = 6`` (3e-8 per inner product). The worst-case bound ``gamma_n A`` (``n u A``) holds
+  always but is useless here: carried through three 512-wide layers it exceeds the actions' range.
+- Errors a layer inherits are rounding errors of independent inner products: they propagate as
+  ``sqrt(sum_j w_ij^2 e_j^2)`` (root-sum-square, the same model).
+- Activation kernels are approximations (onnxruntime's Sigmoid and Tanh are rational functions): their
+  own error is systematic, so it is carried linearly (``|W| e``). Its size, measured over 3.6e7 float32
+  inputs in [-30, 30]: onnxruntime Sigmoid 2.8 u absolute, Tanh 5.4 u, Exp 1.3 u relative; torch CPU
+  sigmoid 1.5 u, tanh 0.5 u. The bounds below are about three times that (``E_SIGMOID`` 8 u,
+  ``E_TANH`` 16 u, ``E_EXP`` 4 u relative). Swish ``z sigmoid(z)`` is 1.0998-Lipschitz, tanh 1, sigmoid 1/4.
+- Clips are 1-Lipschitz, and an element whose exact value is beyond the clip by more than its bound
+  is the clip bound exactly in float32 too: its bound is 0.
+- The normalizer (a subtraction, a division) adds ``2 u |q|``; inputs are float32 and exact.
+
+``Bounded.err`` is the sum of the two channels (random, systematic). An element fails only past its
+bound; the report gives observed error / bound. Integer outputs (argmax) must agree except where the
+two candidates' logits are within their bounds of each other (a tie float32 cannot resolve).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+
+from .. import contract as C
+from ..numerics import U32
+
+LAMBDA = 6.0
+E_SIGMOID = 8 * U32  # absolute error of a float32 sigmoid kernel
+E_TANH = 16 * U32  # absolute error of a float32 tanh kernel
+E_EXP = 4 * U32  # relative error of a float32 exp kernel
+L_SWISH = 1.0998  # max |d/dz z sigmoid(z)|
+TIE = 32 * U32  # relative closeness of two logits under which softmax + argmax may pick either
+
+
+@dataclass
+class Bounded:
+    """float64 values ``v`` and a bound ``err`` on a float32 runtime's error in each element."""
+
+    v: np.ndarray
+    err: np.ndarray
+
+    @classmethod
+    def exact(cls, v) -> "Bounded":
+        v = np.asarray(v, np.float64)
+        return cls(v, np.zeros_like(v))
+
+    def cols(self, lo: int, hi: int) -> "Bounded":
+        return Bounded(self.v[:, lo:hi], self.err[:, lo:hi])
+
+
+def _f64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def affine(x: Bounded, W: np.ndarray, b: Optional[np.ndarray]) -> Bounded:
+    """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
+    W64 = _f64(W)
+    b64 = _f64(b) if b is not None else np.zeros(W64.shape[0])
+    n = W64.shape[1] + (1 if b is not None else 0)
+    z = x.v @ W64.T + b64
+    A = (np.abs(x.v) + x.err) @ np.abs(W64).T + np.abs(b64)
+    return Bounded(z, np.sqrt((x.err ** 2) @ (W64 ** 2).T) + LAMBDA * U32 * np.sqrt(n) * A)
+
+
+def clip(x: Bounded, lo: float, hi: float) -> Bounded:
+    exact = (x.v - x.err > hi) | (x.v + x.err < lo)  # beyond the clip even with the error: exactly lo/hi
+    return Bounded(np.clip(x.v, lo, hi), np.where(exact, 0.0, x.err))
+
+
+def scale(x: Bounded, c: float) -> Bounded:
+    """``x * c`` by a constant (ML-Agents' ``/ 3``): one rounding."""
+    v = x.v * c
+    return Bounded(v, np.abs(c) * x.err + U32 * np.abs(v))
+
+
+def sigmoid(x: Bounded) -> Bounded:
+    return Bounded(1.0 / (1.0 + np.exp(-x.v)), 0.25 * x.err + E_SIGMOID)
+
+
+def tanh(x: Bounded) -> Bounded:
+    v = np.tanh(x.v)
+    return Bounded(v, x.err + E_TANH + U32 * np.abs(v))
+
+
+def exp(x: Bounded) -> Bounded:
+    v = np.exp(x.v)
+    hi = np.exp(x.v + x.err)  # increasing: |exp(x + e) - exp(x)| <= exp(x + |e|) - exp(x)
+    return Bounded(v, (hi - v) + E_EXP * hi)
+
+
+def mul(a: Bounded, b: Bounded) -> Bounded:
+    v = a.v * b.v
+    return Bounded(v, (np.abs(a.v) + a.err) * b.err + np.abs(b.v) * a.err + U32 * np.abs(v))
+
+
+def add(a: Bounded, b: Bounded) -> Bounded:
+    v = a.v + b.v
+    return Bounded(v, a.err + b.err + U32 * np.abs(v))
+
+
+def swish(z: Bounded) -> Bounded:
+    """``z * sigmoid(z)`` (ML-Agents' Swish, exported as Sigmoid + Mul)."""
+    v = z.v / (1.0 + np.exp(-z.v))
+    return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * E_SIGMOID + U32 * np.abs(v))
+
+
+def concat(parts) -> Bounded:
+    return Bounded(np.concatenate([p.v for p in parts], axis=1), np.concatenate([p.err for p in parts], axis=1))
+
+
+@dataclass
+class Reference:
+    """The float64 forward: per output, values and bounds (and, for discrete heads, the masked logits)."""
+
+    values: Dict[str, np.ndarray]
+    bounds: Dict[str, np.ndarray]
+    logits: Dict[int, Bounded]
+
+
+def _encode(policy, feed: Dict[str, np.ndarray]):
+    spec, T = policy.spec, policy.tensors
+    parts = []
+    for i in range(len(spec.obs_sizes)):
+        x = _f64(feed[C.OBS_INPUT.format(i=i)])
+        if spec.normalize:
+            q = (x - _f64(T[C.c_norm(i, C.NORM_MEAN)])) / _f64(policy.divisor(i))
+            b = Bounded(q, 2 * U32 * np.abs(q) * (1 + U32))
+            b = clip(b, -C.NORM_CLIP, C.NORM_CLIP)
+        else:
+            b = Bounded.exact(x)
+        parts.append(b)
+    h = parts[0] if len(parts) == 1 else concat(parts)
+    for layer in range(spec.num_layers):
+        h = swish(affine(h, T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")]))
+    mem_out = None
+    if spec.memory_size:
+        hs = spec.memory_size // 2
+        m = _f64(feed[C.RECURRENT_IN])[:, 0, :]
+        h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
+        gx = affine(h, T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")])
+        gh = affine(h0, T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])
+        g = add(gx, gh)
+        i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: input, forget, cell, output
+        c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
+        h1 = mul(sigmoid(o_g), tanh(c1))
+        h = h1
+        mem_out = concat([h1, c1])
+    return h, mem_out
+
+
+def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> Reference:
+    """Deterministic outputs (and, with ``noise``, ``continuous_actions`` for that injected noise)."""
+    spec, T = policy.spec, policy.tensors
+    h, mem = _encode(policy, feed)
+    values: Dict[str, np.ndarray] = {}
+    bounds: Dict[str, np.ndarray] = {}
+    logits: Dict[int, Bounded] = {}
+    if spec.continuous_size:
+        mu = affine(h, T[C.C_MU_W], T[C.C_MU_B])
+        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        values[C.OUT_CONT_DET], bounds[C.OUT_CONT_DET] = det.v, det.err
+        if noise is not None:
+            if spec.conditional_sigma:
+                ls = clip(affine(h, T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+            else:
+                ls = Bounded.exact(np.broadcast_to(_f64(T[C.C_LOG_SIGMA]), mu.v.shape))
+            s = add(mu, mul(exp(ls), Bounded.exact(_f64(noise))))
+            out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+            values[C.OUT_CONT], bounds[C.OUT_CONT] = out.v, out.err
+    if spec.discrete_branches:
+        masks = _f64(feed[C.ACTION_MASKS])
+        start, picks = 0, []
+        for b, n in enumerate(spec.discrete_branches):
+            lg = affine(h, T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
+            m = masks[:, start:start + n]
+            start += n
+            # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8
+            lg = Bounded(np.where(m > 0, lg.v, -C.MASK_PENALTY), np.where(m > 0, lg.err, 0.0))
+            logits[b] = lg
+            picks.append(np.argmax(lg.v, axis=1))
+        values[C.OUT_DISC_DET] = np.stack(picks, axis=1).astype(np.int64)
+        bounds[C.OUT_DISC_DET] = np.zeros(values[C.OUT_DISC_DET].shape)
+    if mem is not None:
+        values[C.RECURRENT_OUT], bounds[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
+    return Reference(values, bounds, logits)
+
+
+def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
+    """Compare one float32 runtime's output with the reference: figures + ``ok``.
+
+    Floats: every element within its bound (``ratio`` = max observed error / bound). Argmax outputs:
+    equal, or within a tie the bounds cannot resolve."""
+    want = ref.values[name]
+    got = np.asarray(got)
+    d: Dict[str, object] = {"count": int(want.size)}
+    if got.shape != want.shape:
+        d.update(ok=False, shape_mismatch=[list(want.shape), list(got.shape)])
+        return d
+    if want.dtype.kind in "iu":
+        bad, ties = 0, 0
+        first = None
+        for b, lg in ref.logits.items():
+            g = got[:, b].astype(np.int64)
+            w = want[:, b]
+            rows = np.nonzero(g != w)[0]
+            for r in rows:
+                n = lg.v.shape[1]
+                if not 0 <= g[r] < n:
+                    bad += 1
+                    first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r])}
+                    continue
+                gap = lg.v[r, w[r]] - lg.v[r, g[r]]
+                slack = lg.err[r, w[r]] + lg.err[r, g[r]] + TIE * max(1.0, abs(lg.v[r, w[r]]))
+                if gap <= slack:
+                    ties += 1
+                else:
+                    bad += 1
+                    first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r]), "logit_gap": float(gap)}
+        d.update(ok=bad == 0, equal=int((got == want).sum()), ties=ties, mismatches=bad, first_failure=first)
+        return d
+    bound = ref.bounds[name]
+    g64 = got.astype(np.float64)
+    err = np.abs(g64 - want)
+    err = np.where(np.isfinite(g64), err, np.inf)
+    over = err > bound
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(bound > 0, err / bound, np.where(err > 0, np.inf, 0.0))
+    d.update(ok=not bool(over.any()), max_abs=float(err.max()) if err.size else 0.0,
+             max_bound=float(bound.max()) if bound.size else 0.0,
+             median_bound=float(np.median(bound)) if bound.size else 0.0,
+             ratio=float(ratio.max()) if ratio.size else 0.0, over=int(over.sum()))
+    if over.any():
+        k = tuple(int(i) for i in np.argwhere(over)[0])
+        d["first_failure"] = {"index": list(k), "reference": float(want[k]), "got": float(g64[k]),
+                              "error": float(err[k]), "bound": float(bound[k])}
+    return d
+
+
+def within_both(ref_a: Reference, ref_b: Reference, name: str, a: np.ndarray, b: np.ndarray) -> Dict[str, object]:
+    """Two float32 results of (possibly) different references, e.g. the rebuilt and the official ONNX
+    with divisors 1 ulp apart: ``|a - b| <= bound_a + |ref_a - ref_b| + bound_b``."""
+    wa, wb = ref_a.values[name], ref_b.values[name]
+    limit = ref_a.bounds[name] + ref_b.bounds[name] + np.abs(wa - wb)
+    err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    over = ~(err <= limit)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(limit > 0, err / limit, np.where(err > 0, np.inf, 0.0))
+    return {"ok": not bool(over.any()), "count": int(err.size), "max_abs": float(err.max()) if err.size else 0.0,
+            "ratio": float(ratio.max()) if ratio.size else 0.0, "over": int(over.sum())}
