@@ -62,7 +62,11 @@ def one_line_error(res, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def huggy_policy():
-    return convert_checkpoint(HUGGY).policy
+    """As a conversion and the modes read it: the official ONNX beside it decides the divisor."""
+    from huggy_convert.converter import load_checkpoint
+    from huggy_convert.pipeline import prepare_conversion
+
+    return prepare_conversion(load_checkpoint(HUGGY), OFFICIAL).conversion.policy
 
 
 def ort_official(feed):
@@ -266,17 +270,26 @@ def test_onnx_compare_variants_bitwise():
 
 
 # --- fingerprint ----------------------------------------------------------------------------
-def test_fingerprint_matches_verify_and_expect(huggy_policy):
+def test_fingerprint_matches_verify_and_expect(huggy_policy, tmp_path):
     from huggy_convert.exporters.torch_module import build_module
-    from huggy_convert.verify.checks import fingerprint
+    from huggy_convert.verify.checks import fingerprint, reference_step
     from huggy_convert.verify.engine import module_runner
 
     d = cli_json("fingerprint", HUGGY)
-    want = fingerprint(module_runner(build_module(huggy_policy)), huggy_policy, 64, 0)
-    assert d["fingerprints"]["64"]["sha256"] == want and d["fingerprints"]["128"]["stable"]
+    want = fingerprint(reference_step(huggy_policy), huggy_policy, 64, 0)
+    local = fingerprint(module_runner(build_module(huggy_policy)), huggy_policy, 64, 0)
+    f64 = d["fingerprints"]["64"]
+    assert f64["sha256"] == want and f64["host_independent"] and f64["runtime_sha256"] == local
+    assert d["fingerprints"]["128"]["stable"]
     cli("fingerprint", HUGGY, "--steps", "64", "--expect", want)
+    cli("fingerprint", HUGGY, "--steps", "64", "--expect", want[:12])  # the prefix the verify tree prints
+    cli("fingerprint", HUGGY, "--steps", "64", "--expect", want[:12] + "…")
     cli("fingerprint", HUGGY, "--steps", "64", "--expect", "0" * 64, code=1)
+    assert "first 8+ hex digits" in one_line_error(cli("fingerprint", HUGGY, "--expect", "abc", code=2), "--expect")
     assert cli_json("fingerprint", HUGGY, "--seed", "1")["fingerprints"]["64"]["sha256"] != want
+    # the tree of a conversion prints the same prefix
+    res = cli(HUGGY, tmp_path, "--no-program", "--verify-dtype", "float32")
+    assert f"5 determinism fingerprints: 64: {want[:12]}" in res.stdout
 
 
 # --- stats ----------------------------------------------------------------------------------

@@ -168,11 +168,13 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
 @click.command("fingerprint")
 @source_arg
 @click.option("--steps", multiple=True, type=int, help="sequence lengths, repeatable (default 64 and 128)")
-@click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order; exit 1 on a mismatch")
+@click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order, or "
+              "their first 8+ hex digits as the verify tree prints them; exit 1 on a mismatch")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json):
-    """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5),
-    each run twice: exit 1 if a fingerprint changes between runs or differs from --expect."""
+    """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5): the
+    float64 reference's, the same on every host, with this host's runtime's beside it (run twice):
+    exit 1 if that one changes between runs or the reference's differs from --expect."""
     from .fingerprint import STEPS, fingerprint
 
     guarded(lambda: fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect)), as_json)
