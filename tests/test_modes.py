@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from huggy_convert import contract as C
 from huggy_convert.cli import main
-from huggy_convert.converter import convert_checkpoint, save_policy
+from huggy_convert.converter import save_policy
 from huggy_convert.exporters.onnx_export import build_onnx, with_noise_input
 from huggy_convert.verify.runtime import ort_run, ort_session
 

@@ -232,18 +232,21 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed
 @click.command("export")
 @source_arg
 @click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
-              show_default=True, help="9 = ML-Agents/Barracuda; 11-15 for Ascend ATC; 7-15 Sentis")
+              show_default=True, help="9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 (CANN 5/6), 9-18 (CANN 7)")
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=int, help="probe rows for the reference check")
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
+              "(default: <stem>.onnx beside a checkpoint)")
 @_opts(seed_opt, device_opt, dtype_opt, json_opt)
-def export_cmd(source, opset, out, noise_input, rows, seed, device, dtype, as_json):
-    """Write an ONNX at --opset, check it with onnx.checker (full_check) and against the reference
-    (opset-9 rebuild in onnxruntime). From an ONNX input only the same opset can be written: a
-    different one needs the canonical tensors (exit 2)."""
+def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
+    """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
+    does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
+    and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
+    opset can be written: a different one needs the canonical tensors (exit 2)."""
     from .export import export
 
-    guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed), as_json)
+    guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference), as_json)
 
 
 @click.command("matrix")

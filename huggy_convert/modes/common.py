@@ -88,6 +88,23 @@ def tolerance(dtype: str):
     return DEFAULT_TOLERANCES[dtype]
 
 
+def fp32_agree(policy, feed: Dict[str, np.ndarray], name: str, a: np.ndarray, b: np.ndarray,
+               noise=None) -> Dict[str, Any]:
+    """Whether two float32 runs of one policy agree as well as float32 can promise on every host:
+    each float element within the derived bound of the float64 reference, so ``|a - b| <= 2 bound``
+    (verify.bounds.within_both); argmax outputs: each equal to the reference's or a float32 tie.
+    ``{"ok", "max_abs", "ratio", ...}``; ``ratio`` = max |a - b| / (2 bound)."""
+    from ..verify.bounds import judge, reference_forward, within_both
+
+    ref = reference_forward(policy, feed, noise)
+    if name not in ref.values:
+        return {"ok": False, "missing": name}
+    if ref.values[name].dtype.kind in "iu":
+        ja, jb = judge(ref, name, a), judge(ref, name, b)
+        return {"ok": ja["ok"] and jb["ok"], "equal": f"{int(np.sum(np.asarray(a) == np.asarray(b)))}/{np.asarray(a).size}"}
+    return within_both(ref, ref, name, a, b)
+
+
 def percentiles(samples_s: Sequence[float]) -> Dict[str, float]:
     a = np.asarray(samples_s, dtype=np.float64) * 1e3
     return {"mean_ms": float(a.mean()), "p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)),

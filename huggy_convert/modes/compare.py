@@ -1,5 +1,5 @@
-"""``onnx-compare``: any ONNX against our reference, the ONNX rebuilt from the policy's canonical
-tensors, both run by onnxruntime on the same seeded probes (verify.probes.make_probes)."""
+"""``onnx-compare``: any ONNX against the ONNX rebuilt from the policy's canonical tensors, through
+verify's own checks 2 and 3, so it reaches the verdict a conversion or ``verify`` reaches."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +7,8 @@ from typing import Dict, List, Sequence, Tuple
 
 from .. import contract as C
 from ..errors import ExportError, InputError
-from ..verify.compare import array_stats
-from ..verify.probes import make_noise
-from ..verify.runtime import ort_run
-from .common import ModeResult, compact_stats, g, is_bitwise, stats_line, tolerance, within
-from .sources import (CKPT_SUFFIXES, CONSTANT_OUTPUTS, STOCHASTIC, Source, display_path, load_onnx, load_source,
-                      make_feed, ort_session_on)
+from .common import ModeResult, compact_stats, is_bitwise
+from .sources import CKPT_SUFFIXES, Source, display_path, load_onnx, load_source
 
 ROWS = (64,)
 
@@ -49,102 +45,93 @@ def split_inputs(paths: Sequence[Path]) -> Tuple[Path, List[Path]]:
     return policy, onnx_files
 
 
-def _one_rnl(model) -> bool:
-    return sum(1 for n in model.graph.node if n.op_type == "RandomNormalLike") == 1
+def _policy_for(ref_src: Source, onnx_path: Path, divisor: str = "auto"):
+    """The policy compared with ``onnx_path``, as a conversion with ``--reference onnx_path`` would
+    make it: a checkpoint's divisors are decided against that file (pipeline.prepare_conversion); a
+    canonical policy keeps the divisors it stores (the artifacts' own)."""
+    if ref_src.checkpoint is not None:
+        from ..pipeline import prepare_conversion
+
+        return prepare_conversion(ref_src.checkpoint, onnx_path, divisor=divisor, lenient=True).conversion.policy
+    return ref_src.policy
+
+
+def _outputs(c3, feed_name: str) -> Dict[str, Dict]:
+    """Check 3's per-output figures on one feed, keyed as the JSON has them."""
+    out = {}
+    for ch in c3.children:
+        if not ch.title.endswith(f"[{feed_name}]"):
+            continue
+        name = ch.title[:-len(feed_name) - 3]
+        if name.endswith(" with injected noise"):
+            name = name[:-len(" with injected noise")] + " (injected noise)"
+        f = dict(ch.figures or {})
+        if "count" not in f:  # the Multinomial sample: checked for validity, never bitwise (no seed)
+            continue
+        out[name] = dict(compact_stats(f), bitwise=is_bitwise(f), ok=ch.status != "fail", summary=ch.summary)
+    return out
 
 
 def onnx_compare(ref_src: Source, onnx_paths: Sequence[Path] = (), rows: Sequence[int] = ROWS, seed: int = 0,
                  device: str = "cpu", bitwise: bool = False) -> ModeResult:
-    """Per output (verify.compare.array_stats): deterministic and constant outputs of each ONNX vs
-    the rebuilt reference; ``continuous_actions`` with the same injected noise (RandomNormalLike
-    replaced by an input). Pass: constants and integer outputs equal; float outputs bitwise with
-    ``bitwise=True``, else max_abs <= 1e-6 (float32 tolerance). The structural comparison
-    (verify.checks.check_onnx_structure) is reported alongside."""
-    from ..exporters.onnx_export import with_noise_input
-    from ..verify.checks import check_onnx_structure
+    """Each ONNX against the policy, through verify's own checks 2 and 3
+    (verify.engine.compare_with_official): the ONNX rebuilt from the policy at that file's opset,
+    both in onnxruntime (the reference runtime, CPU) on the seeded probes of each ``rows`` (and the
+    golden inputs ML-Agents' generator wrote beside it); a checkpoint's divisor is decided against
+    the file as a conversion decides it. The verdict is verify's: ``bitwise=True`` also refuses the
+    derived-bound judgement of divisors 1 ulp apart."""
+    from ..errors import DeviceError
+    from ..exporters.onnx_export import build_onnx
+    from ..verify import VerifyOptions
+    from ..verify.engine import compare_with_official
 
+    if device not in ("cpu", "auto"):
+        raise DeviceError(f"--device {device}: onnx-compare runs onnxruntime's CPU execution provider, the reference "
+                          "runtime its verdict is defined on")
     ref_src.require_tensors("a reference for onnx-compare")
     if not onnx_paths:
         onnx_paths = [onnx_beside(ref_src)]
-    policy = ref_src.policy
-    ref_model = ref_src.rebuilt_onnx()
-    ref_sess, dev = ort_session_on(ref_model, device)
-    ref_noise = ort_session_on(with_noise_input(ref_model), device)[0] if ref_src.spec.continuous_size else None
-    atol = tolerance("float32").atol
     r = ModeResult("onnx-compare")
     files = []
-    r.lines.append(f"onnx-compare against the ONNX rebuilt from {ref_src.label} (onnxruntime {dev}); "
-                   f"probes seed {seed}, rows {', '.join(map(str, rows))}; pass: "
-                   + ("bitwise" if bitwise else f"max_abs <= {g(atol)}") + " (constants and integers: equal)")
+    r.lines.append(f"onnx-compare against the ONNX rebuilt from {ref_src.label} (onnxruntime cpu); probes seed {seed}, "
+                   f"rows {', '.join(map(str, rows))}; verify's checks 2 and 3"
+                   + (" (bitwise required)" if bitwise else ""))
     for path in onnx_paths:
         path = Path(path)
         model = load_onnx(path)
-        entry: Dict = {"file": display_path(path), "ok": True, "runs": []}
         opset = {o.domain or "": o.version for o in model.opset_import}.get("", 0)
+        policy = _policy_for(ref_src, path)
         try:
-            struct_ref = ref_src.rebuilt_onnx(opset) if opset in C.ONNX_OPSETS else ref_model
+            rebuilt = build_onnx(policy, opset if opset in C.ONNX_OPSETS else C.ONNX_OPSET_DEFAULT)
         except ExportError:
-            struct_ref = ref_model
-        st = check_onnx_structure(struct_ref, model, "rebuilt", display_path(path))
-        entry["structure"] = {"status": st.status, "checks": {c.title: f"{c.status}: {c.summary}" for c in st.children}}
-        try:
-            sess = ort_session_on(model, device)[0]
-            noise_sess = (ort_session_on(with_noise_input(model), device)[0]
-                          if ref_noise is not None and _one_rnl(model) else None)
-        except Exception as exc:
-            if isinstance(exc, InputError):
-                raise
-            entry.update(ok=False, error=f"does not run in onnxruntime: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
-            files.append(entry)
-            r.ok = False
-            r.lines.append(f"  ✗ {entry['file']}: {entry['error']}")
-            continue
-        r.lines.append(f"  {entry['file']} (opset {opset}); structure vs rebuilt opset {opset if struct_ref is not ref_model else 9}: "
-                       f"{st.status}")
-        want_inputs = {i.name for i in ref_sess.get_inputs()}
-        have_inputs = {i.name for i in sess.get_inputs()}
-        if have_inputs != want_inputs:
-            entry.update(ok=False, error=f"inputs {sorted(have_inputs)} != reference {sorted(want_inputs)}")
-            files.append(entry)
-            r.ok = False
-            r.lines.append(f"    ✗ {entry['error']}")
-            continue
+            rebuilt = build_onnx(policy)
+        entry: Dict = {"file": display_path(path), "ok": True, "runs": [], "opset": opset}
+        checks = []
         for n in rows:
-            feed = make_feed(ref_src, "probes", n, seed)
-            want, got = ort_run(ref_sess, feed), ort_run(sess, feed)
-            run: Dict = {"rows": n, "outputs": {}}
-            for name, a in want.items():
-                if name in STOCHASTIC:
-                    continue
-                if name not in got:
-                    run["outputs"][name] = {"missing": True, "ok": False}
-                    continue
-                s = array_stats(a, got[name])
-                exact = name in CONSTANT_OUTPUTS or a.dtype.kind in "iub" or bitwise
-                ok = (is_bitwise(s) and a.dtype == got[name].dtype) if exact else within(s, atol)
-                run["outputs"][name] = dict(compact_stats(s), bitwise=is_bitwise(s), ok=ok)
-            if noise_sess is not None:
-                eps = make_noise(policy, n, seed)
-                a = ort_run(ref_noise, dict(feed, **{C.NOISE_INPUT: eps}))[C.OUT_CONT]
-                b = ort_run(noise_sess, dict(feed, **{C.NOISE_INPUT: eps}))[C.OUT_CONT]
-                s = array_stats(a, b)
-                ok = is_bitwise(s) if bitwise else within(s, atol)
-                run["outputs"][C.OUT_CONT + " (injected noise)"] = dict(compact_stats(s), bitwise=is_bitwise(s), ok=ok)
-            elif ref_noise is not None:
-                run["note"] = "continuous_actions not compared: the ONNX has no single RandomNormalLike to inject noise into"
-            run["ok"] = all(o["ok"] for o in run["outputs"].values())
-            run["bitwise"] = all(o.get("bitwise", False) for o in run["outputs"].values())
+            c2, c3 = compare_with_official(policy, rebuilt, model, path, VerifyOptions(rows=int(n), seed=seed),
+                                           subject=ref_src.label, bitwise=bitwise)
+            checks.append((n, c2, c3))
+            run = {"rows": int(n), "outputs": _outputs(c3, "probes"), "ok": c3.status != "fail"}
+            run["bitwise"] = bool(run["outputs"]) and all(o["bitwise"] for o in run["outputs"].values())
             entry["runs"].append(run)
-            entry["ok"] = entry["ok"] and run["ok"]
-            for name, o in run["outputs"].items():
-                text = "missing from the ONNX" if o.get("missing") else stats_line(o)
-                r.lines.append(f"    {'✓' if o['ok'] else '✗'} [{n:>3} rows] {name}: {text}")
+            entry["ok"] = entry["ok"] and c2.status != "fail" and c3.status != "fail"
+        c2 = checks[0][1]
+        entry["structure"] = {"status": c2.status, "checks": {c.title: f"{c.status}: {c.summary}" for c in c2.children}}
+        entry["checks"] = [c.to_dict() for _, a, b in checks[:1] for c in (a, b)]
         entry["bitwise"] = bool(entry["runs"]) and all(x["bitwise"] for x in entry["runs"])
+        if entry["ok"] is False and c2.status == "fail" and not checks[0][2].children:
+            entry["error"] = c2.summary or next((c.summary for c in c2.children if c.status == "fail"), "")
         r.ok = r.ok and entry["ok"]
         files.append(entry)
+        r.lines.append(f"  {entry['file']} (opset {opset})")
+        for c in c2.children:
+            r.lines.append(f"    {'✓' if c.status != 'fail' else '✗'} 2 {c.title}: {c.summary}")
+        for n, _, c3 in checks:
+            for ch in c3.children:
+                r.lines.append(f"    {'✓' if ch.status != 'fail' else '✗'} [{n:>3} rows] {ch.title}: {ch.summary}")
         r.lines.append(f"  => {'PASS' if entry['ok'] else 'FAIL'}" + (" (bitwise on every output)" if entry["bitwise"] else ""))
-    r.data = {"reference": f"rebuilt from {ref_src.label} (opset 9, onnxruntime {dev})", "seed": seed,
-              "rows": list(rows), "bitwise_required": bitwise, "atol": atol, "files": files}
+    r.data = {"reference": f"rebuilt from {ref_src.label} (onnxruntime cpu)", "seed": seed, "rows": list(rows),
+              "bitwise_required": bitwise, "files": files}
     return r
 
 

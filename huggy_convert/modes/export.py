@@ -1,25 +1,43 @@
 """``export``: an ONNX at any opset 9-15 from a checkpoint or a canonical policy, checked with
-onnx.checker (full_check) and against the reference (the opset-9 rebuild, both in onnxruntime)."""
+onnx.checker (full_check) and verified as a conversion verifies: against the official ONNX (the
+``<stem>.onnx`` beside a checkpoint, or ``--reference``) through verify's checks 2 and 3; without
+one, against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 from .. import contract as C
 from ..converter import atomic_write_bytes
 from ..errors import ExportError, InputError, UnsupportedError
 from ..verify.compare import array_stats
 from ..verify.runtime import ort_run
-from .common import ModeResult, compact_stats, g, is_bitwise, tolerance, within
-from .sources import (CONSTANT_OUTPUTS, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed, ort_session_on)
+from .common import ModeResult, compact_stats, g, is_bitwise
+from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed, ort_session_on
 
 
 def default_out(src: Source, opset: int) -> Path:
     return Path.cwd() / f"{src.path.stem}.opset{opset}.onnx"
 
 
+def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
+    """The official ONNX to verify an export against: ``--reference``, else the ``<stem>.onnx`` ML-Agents
+    wrote beside a checkpoint (a canonical policy's sibling ONNX is this tool's own rebuild: not one)."""
+    if reference is not None:
+        return Path(reference)
+    if src.kind == KIND_CHECKPOINT:
+        from ..pipeline import default_reference
+
+        return default_reference(src.path)
+    return None
+
+
 def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] = None, noise_input: bool = False,
-           device: str = "cpu", dtype: str = "float32", rows: int = 64, seed: int = 0) -> ModeResult:
+           device: str = "cpu", dtype: str = "float32", rows: int = 64, seed: int = 0,
+           reference: Optional[Path] = None) -> ModeResult:
+    """Write the ONNX, check it with onnx.checker (full_check) and verify it as a conversion does:
+    against the official ONNX (verify's checks 2 and 3, verify.engine.compare_with_official) when there
+    is one, else against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
     import onnx
 
     from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
@@ -29,10 +47,22 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     if dtype != "float32":
         raise ExportError(f"--dtype {dtype}: the Unity-contract ONNX is float32 (cast at deployment, e.g. ATC "
                           "--precision_mode; the torch module takes --dtype)", src.path)
+    if device not in ("cpu", "auto"):
+        from ..errors import DeviceError
+
+        raise DeviceError(f"--device {device}: export verifies in onnxruntime's CPU execution provider, the "
+                          "reference runtime")
     out = Path(out) if out else default_out(src, opset)
     if out.exists() and out.resolve() == src.path.resolve():
         raise InputError("refusing to overwrite the input: choose another --out", out)
+    official_path = _official_for(src, reference) if src.kind != KIND_ONNX else None
+    official = None
+    if official_path is not None:
+        from ..pipeline import load_reference
+
+        official = load_reference(official_path)
     r = ModeResult("export")
+    policy = src.policy
     if src.kind == KIND_ONNX:
         have = src.onnx_view.opset
         if have != opset or noise_input:
@@ -43,7 +73,11 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         r.data["note"] = f"the ONNX is already opset {opset}: written unchanged"
         data = src.path.read_bytes()
     else:
-        model = build_onnx(src.policy, opset)
+        if official is not None and src.checkpoint is not None:  # the divisor decided against it, as convert does
+            from ..pipeline import prepare_conversion
+
+            policy = prepare_conversion(src.checkpoint, official_path).conversion.policy
+        model = build_onnx(policy, opset)
         if noise_input:
             model = with_noise_input(model)
         data = model_bytes(model)
@@ -55,46 +89,65 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     except Exception as exc:
         checker = f"FAIL: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
     r.ok = checker == "pass"
-    # against the reference: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime
-    ref_model = src.reference_onnx()
-    feed = make_feed(src, "probes", rows, seed)
-    ref_sess, dev = ort_session_on(ref_model, device)
-    sess = ort_session_on(loaded, device)[0]
-    if noise_input:
-        from ..verify.probes import make_noise
+    outs: Dict[str, Dict] = {}
+    checks = []
+    if official is not None and not noise_input:
+        from ..verify import VerifyOptions
+        from ..verify.engine import compare_with_official
 
-        ref_sess = ort_session_on(with_noise_input(ref_model), device)[0]
-        feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), rows, seed)})
-    want, got = ort_run(ref_sess, feed), ort_run(sess, feed)
-    atol = tolerance("float32").atol
-    outs = {}
-    for name, a in want.items():
-        if name in STOCHASTIC and not (noise_input and name == C.OUT_CONT):
-            continue
-        if name not in got:
-            outs[name] = {"missing": True, "ok": False}
-            continue
-        s = array_stats(a, got[name])
-        exact = name in CONSTANT_OUTPUTS or a.dtype.kind in "iub"
-        ok = is_bitwise(s) if exact else within(s, atol)
-        outs[name] = dict(compact_stats(s), bitwise=is_bitwise(s), ok=ok)
-    matched = all(o["ok"] for o in outs.values())
+        checks = compare_with_official(policy, loaded, official, official_path, VerifyOptions(rows=rows, seed=seed),
+                                       subject=display_path(out))
+        for ch in checks[-1].children:
+            f = ch.figures or {}
+            if "count" in f:
+                outs[ch.title] = dict(compact_stats(f), bitwise=is_bitwise(f), ok=ch.status != "fail")
+        matched = all(c.status != "fail" for c in checks)
+        ref_text = f"official {display_path(official_path)} (verify's checks 2 and 3)"
+    else:
+        # no official ONNX: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime, bitwise
+        ref_model = src.reference_onnx() if src.kind == KIND_ONNX else build_onnx(policy, C.ONNX_OPSET_DEFAULT)
+        feed = make_feed(src, "probes", rows, seed)
+        ref_sess, dev = ort_session_on(ref_model, "cpu")
+        sess = ort_session_on(loaded, "cpu")[0]
+        if noise_input:
+            from ..verify.probes import make_noise
+
+            ref_sess = ort_session_on(with_noise_input(ref_model), "cpu")[0]
+            feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), rows, seed)})
+        want, got = ort_run(ref_sess, feed), ort_run(sess, feed)
+        for name, a in want.items():
+            if name in STOCHASTIC and not (noise_input and name == C.OUT_CONT):
+                continue
+            if name not in got:
+                outs[name] = {"missing": True, "ok": False}
+                continue
+            s = array_stats(a, got[name])
+            outs[name] = dict(compact_stats(s), bitwise=is_bitwise(s), ok=is_bitwise(s) and a.dtype == got[name].dtype)
+        matched = all(o["ok"] for o in outs.values())
+        ref_text = ("the input ONNX" if src.kind == KIND_ONNX else "opset-9 rebuild") + " (onnxruntime cpu, bitwise)"
     r.ok = r.ok and matched
     import hashlib
 
     r.data.update({"source": src.label, "out": display_path(out), "opset": opset, "noise_input": noise_input,
                    "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "checker_full_check": checker,
-                   "reference": "opset-9 rebuild (onnxruntime " + dev + ")" if src.kind != KIND_ONNX else "the input ONNX",
-                   "rows": rows, "seed": seed, "atol": atol, "outputs": outs, "matches_reference": matched,
-                   "bitwise": all(o.get("bitwise", False) for o in outs.values())})
+                   "reference": ref_text, "rows": rows, "seed": seed, "outputs": outs, "matches_reference": matched,
+                   "bitwise": bool(outs) and all(o.get("bitwise", False) for o in outs.values())})
+    if checks:
+        r.data["checks"] = [c.to_dict() for c in checks]
     r.lines.append(f"export {src.label} -> {display_path(out)} (opset {opset}{', noise input' if noise_input else ''}, "
                    f"{len(data):,} bytes, sha256 {r.data['sha256'][:16]}…)")
     if "note" in r.data:
         r.lines.append(f"  note: {r.data['note']}")
     r.lines.append(f"  {'✓' if checker == 'pass' else '✗'} onnx.checker full_check: {checker}")
-    for name, o in outs.items():
-        text = "missing" if o.get("missing") else (f"{o['bitwise_equal']}/{o['count']} equal" if "mismatches" in o else
-                                                   f"max_abs={g(o['max_abs'], 3)} bitwise={o['bitwise_equal']}/{o['count']}")
-        r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} vs reference on {rows} probes: {text}")
+    r.lines.append(f"  against {ref_text}:")
+    if checks:
+        for c in checks:
+            for ch in c.children:
+                mark = {"fail": "✗", "warn": "!"}.get(ch.status, "✓")
+                r.lines.append(f"  {mark} {c.title.split(' ')[0]} {ch.title}: {ch.summary}")
+    else:
+        for name, o in outs.items():
+            text = "missing" if o.get("missing") else (f"{o['bitwise_equal']}/{o['count']} equal" if "mismatches" in o else
+                                                       f"max_abs={g(o['max_abs'], 3)} bitwise={o['bitwise_equal']}/{o['count']}")
+            r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} on {rows} probes: {text}")
     return r
-

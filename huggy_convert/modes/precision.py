@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import HuggyError
 from ..verify.compare import array_stats
-from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, g, stats_line, tolerance
+from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, fp32_agree, g, stats_line, tolerance
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
 
 
@@ -39,6 +39,12 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
             for k in names:
                 s = array_stats(ref[k], got[k])
                 outs[k] = compact_stats(s)
+                if dt == "float32" and src.policy is not None:  # the derived bound: the same rule on every host
+                    j = fp32_agree(src.policy, feed, k, ref[k], got[k])
+                    outs[k]["bound_ratio"] = j.get("ratio")
+                    if not j["ok"]:
+                        status = FAIL
+                    continue
                 if s.get("mismatches") is not None:
                     ok = s["mismatches"] == 0 and "shape_mismatch" not in s
                     bad = FAIL if dt == "float32" else WARN

@@ -6,7 +6,7 @@ import json
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -142,6 +142,118 @@ def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
     return replace(policy, tensors=tensors)
 
 
+class Context:
+    """What checks 2-4 share for one policy: the rebuilt ONNX's sessions, the feeds (seeded probes,
+    plus the golden inputs ML-Agents' generator wrote beside an official file), the injected noise,
+    the reference outputs (onnxruntime on the official file, or a golden file) and the float64
+    references (bounds.reference_forward, computed once per policy and feed)."""
+
+    def __init__(self, policy: Policy, rebuilt: onnx.ModelProto, o: "VerifyOptions"):
+        spec = policy.spec
+        self.policy, self.o = policy, o
+        self.ours_sess = ort_session(model_bytes(rebuilt))
+        self.ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
+        noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
+        self.feeds = {"probes": make_probes(policy, o.rows, o.seed)}
+        self.noises = {"probes": noise} if noise is not None else {}
+        self.ref_name = None
+        self.run_ref = self.run_ref_noise = self.fallback = None
+        self.off_policy = policy  # the policy the reference computes (the official's own divisors)
+        self._refs: Dict[tuple, object] = {}
+        self.rebuilt = rebuilt
+
+    def run_ours(self, feed):
+        return ort_run(self.ours_sess, feed)
+
+    def run_ours_noise(self, feed):
+        return ort_run(self.ours_noise, feed)
+
+    def reference(self, pol: Policy, feed_name: str, feed, with_noise: bool):
+        key = (id(pol), feed_name, with_noise)
+        if key not in self._refs:
+            self._refs[key] = reference_forward(pol, feed, self.noises.get(feed_name) if with_noise else None)
+        return self._refs[key]
+
+    def judge_pair(self, pol_a: Policy, pol_b: Policy):
+        def judge(feed_name, feed, name, a, b):
+            w = name == C.OUT_CONT
+            return within_both(self.reference(pol_a, feed_name, feed, w), self.reference(pol_b, feed_name, feed, w),
+                               name, a, b)
+        return judge
+
+    def use_official(self, official: onnx.ModelProto, official_path: Optional[Path], subject: str,
+                     bitwise: bool = False) -> List[Check]:
+        """Check 2 against ``official``, and its sessions as the reference of check 3 (``bitwise``: no
+        derived-bound fallback for divisors 1 ulp apart)."""
+        policy, spec, out = self.policy, self.policy.spec, []
+        self.ref_name = f"official {official_path.name if official_path else 'ONNX'}"
+        out.append(K.check_onnx_structure(self.rebuilt, official, subject, self.ref_name, policy=policy))
+        off_div = official_divisors(official)
+        if spec.normalize and any(C.c_divisor(i) in policy.tensors and off_div[i].shape == policy.divisor(i).shape
+                                  and off_div[i].tobytes() != policy.divisor(i).tobytes() for i in off_div):
+            self.off_policy = _with_divisors(policy, off_div)
+            if not bitwise:
+                self.fallback = ("the divisors differ by 1 ulp: --divisor ieee", self.judge_pair(policy, self.off_policy))
+        try:
+            off_sess = ort_session(official.SerializeToString())
+            off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
+            self.run_ref = lambda name, feed: ort_run(off_sess, feed)  # noqa: E731
+            self.run_ref_noise = (lambda name, feed: ort_run(off_noise, feed)) if off_noise else None  # noqa: E731
+        except Exception as exc:
+            out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {type(exc).__name__}: "
+                                                f"{' '.join(str(exc).split())[:200]}"))
+            return out
+        mlg = _ml_agents_golden(official_path)
+        if mlg is not None:
+            names = [i.name for i in off_sess.get_inputs()]
+            if all(n in mlg for n in names):
+                self.feeds["golden (ML-Agents)"] = {n: mlg[n] for n in names}
+                if self.noises:
+                    rows = mlg[names[0]].shape[0]
+                    self.noises["golden (ML-Agents)"] = make_noise(policy, rows, self.o.seed + 1)
+        return out
+
+    def use_golden(self, golden: Dict, golden_path: Path, here: Dict, notes: List[str]) -> None:
+        """The golden file written at conversion as the reference of check 3 (no official ONNX)."""
+        self.ref_name = f"golden outputs ({Path(golden_path).name})"
+        gh = golden["host"]
+        if gh is None:
+            notes.append("no official ONNX: outputs compared with the golden file written at conversion "
+                         "(it does not say which host wrote it)")
+        elif same_arithmetic(gh, here):
+            notes.append("no official ONNX: outputs compared with the golden file written at conversion on this host")
+        else:
+            notes.append(f"no official ONNX: the golden file was written on another host ({describe_host(gh)}); "
+                         f"this is {describe_host(here)}: outputs that are not bitwise are judged by the derived bound")
+        if gh is None or not same_arithmetic(gh, here):
+            self.fallback = ("golden written on another host" if gh is not None else "golden of an unknown host",
+                             self.judge_pair(self.policy, self.policy))
+        self.feeds = {"golden": golden["inputs"]}
+        self.noises = {"golden": golden["noise"]["probes"]} if golden["noise"] else {}
+        self.run_ref = lambda name, feed: golden["outputs"]  # noqa: E731
+        if golden["noised"]:
+            self.run_ref_noise = lambda name, feed: {C.OUT_CONT: golden["noised"]["probes"]}  # noqa: E731
+
+    def check_outputs(self) -> Check:
+        """Check 3: the rebuilt ONNX against the reference, in onnxruntime."""
+        if self.run_ref is None:
+            return Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)")
+        return K.check_outputs(self.run_ours, self.run_ref, self.run_ours_noise if self.ours_noise else None,
+                               self.run_ref_noise, self.feeds, self.noises, self.policy, self.ref_name, self.fallback)
+
+
+def compare_with_official(policy: Policy, rebuilt: onnx.ModelProto, official: onnx.ModelProto,
+                          official_path: Optional[Path] = None, options: Optional["VerifyOptions"] = None,
+                          subject: str = "", bitwise: bool = False) -> List[Check]:
+    """Checks 2 and 3 of :func:`verify` against one official ONNX: what ``onnx-compare`` and ``export``
+    report, so every command reaches the same verdict on the same pair."""
+    ctx = Context(policy, rebuilt, options or VerifyOptions())
+    out = ctx.use_official(official, official_path, subject, bitwise)
+    if not any(c.title.startswith("3 ") for c in out):
+        out.append(ctx.check_outputs())
+    return out
+
+
 def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint: Optional[Checkpoint] = None,
            policy_file_name: str = "", official: Optional[onnx.ModelProto] = None,
            official_path: Optional[Path] = None, golden_path: Optional[Path] = None,
@@ -167,85 +279,24 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     # 1
     rep.checks.append(K.check_safetensors(policy, checkpoint, policy_file_name))
 
-    # reference for 2/3/4
-    ours_sess = ort_session(model_bytes(rebuilt))
-    ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
-    run_ours = lambda feed: ort_run(ours_sess, feed)  # noqa: E731
-    run_ours_noise = (lambda feed: ort_run(ours_noise, feed)) if ours_noise else None  # noqa: E731
-    probes = make_probes(policy, o.rows, o.seed)
-    noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
-    feeds = {"probes": probes}
-    noises = {"probes": noise} if noise is not None else {}
-    ref_name, run_ref, run_ref_noise, fallback = None, None, None, None
+    # 2 and the reference of 3
+    ctx = Context(policy, rebuilt, o)
     golden = load_golden(golden_path) if golden_path and Path(golden_path).is_file() else None
-    off_policy = policy  # the reference policy of the official file (its own divisors)
-    refs: Dict[tuple, object] = {}
-
-    def reference(pol: Policy, feed_name: str, feed, with_noise: bool):
-        key = (id(pol), feed_name, with_noise)
-        if key not in refs:
-            refs[key] = reference_forward(pol, feed, noises.get(feed_name) if with_noise else None)
-        return refs[key]
-
-    def judge_pair(pol_a: Policy, pol_b: Policy):
-        def judge(feed_name, feed, name, a, b):
-            w = name == C.OUT_CONT
-            return within_both(reference(pol_a, feed_name, feed, w), reference(pol_b, feed_name, feed, w), name, a, b)
-        return judge
-
     if official is not None:
-        ref_name = f"official {official_path.name if official_path else 'ONNX'}"
-        rep.checks.append(K.check_onnx_structure(rebuilt, official, subject, ref_name, policy=policy))
-        off_div = official_divisors(official)
-        if spec.normalize and any(C.c_divisor(i) in policy.tensors and off_div[i].shape == policy.divisor(i).shape
-                                  and off_div[i].tobytes() != policy.divisor(i).tobytes() for i in off_div):
-            off_policy = _with_divisors(policy, off_div)
-            fallback = ("the divisors differ by 1 ulp: --divisor ieee", judge_pair(policy, off_policy))
-        try:
-            off_sess = ort_session(official.SerializeToString())
-            off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
-            run_ref = lambda name, feed: ort_run(off_sess, feed)  # noqa: E731
-            run_ref_noise = (lambda name, feed: ort_run(off_noise, feed)) if off_noise else None  # noqa: E731
-        except Exception as exc:
-            rep.checks.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {exc}"))
-        mlg = _ml_agents_golden(official_path)
-        if mlg is not None and run_ref is not None:
-            names = [i.name for i in off_sess.get_inputs()]
-            if all(n in mlg for n in names):
-                feeds["golden (ML-Agents)"] = {n: mlg[n] for n in names}
-                if noise is not None:
-                    rows = mlg[names[0]].shape[0]
-                    noises["golden (ML-Agents)"] = make_noise(policy, rows, o.seed + 1)
+        rep.checks.extend(ctx.use_official(official, official_path, subject))
     elif golden is not None:
-        ref_name = f"golden outputs ({Path(golden_path).name})"
-        gh = golden["host"]
-        if gh is None:
-            rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion "
-                             "(it does not say which host wrote it)")
-        elif same_arithmetic(gh, here):
-            rep.notes.append("no official ONNX: outputs compared with the golden file written at conversion on this host")
-        else:
-            rep.notes.append(f"no official ONNX: the golden file was written on another host ({describe_host(gh)}); "
-                             f"this is {describe_host(here)}: outputs that are not bitwise are judged by the derived bound")
-        if gh is None or not same_arithmetic(gh, here):
-            fallback = ("golden written on another host" if gh is not None else "golden of an unknown host",
-                        judge_pair(policy, policy))
-        feeds = {"golden": golden["inputs"]}
-        noises = {"golden": golden["noise"]["probes"]} if golden["noise"] else {}
-        run_ref = lambda name, feed: golden["outputs"]  # noqa: E731
-        if golden["noised"]:
-            run_ref_noise = lambda name, feed: {C.OUT_CONT: golden["noised"]["probes"]}  # noqa: E731
+        ctx.use_golden(golden, golden_path, here, rep.notes)
         rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
     else:
         rep.notes.append("no official ONNX found: verified what can be verified without one")
         rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
 
     # 3
-    if run_ref is not None and not any(c.title.startswith("3 ") for c in rep.checks):
-        rep.checks.append(K.check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds, noises, policy,
-                                          ref_name, fallback))
-    elif run_ref is None and not any(c.title.startswith("3 ") for c in rep.checks):
-        rep.checks.append(Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)"))
+    if not any(c.title.startswith("3 ") for c in rep.checks):
+        rep.checks.append(ctx.check_outputs())
+    feeds, noises, run_ref, run_ref_noise = ctx.feeds, ctx.noises, ctx.run_ref, ctx.run_ref_noise
+    run_ours, run_ours_noise, ref_name, off_policy = ctx.run_ours, ctx.run_ours_noise, ctx.ref_name, ctx.off_policy
+    reference = ctx.reference
 
     # 4: every runtime against the float64 reference of the canonical tensors
     main_feed_name = next(iter(feeds))
@@ -256,7 +307,8 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     zero_feed = {k: np.zeros_like(v) for k, v in main_feed.items()}
     c4 = Check("4 runtimes vs the float64 reference")
 
-    ort_runs = [("onnxruntime: rebuilt ONNX (cpu float32)", run_ours, run_ours_noise, ref, ref_n)]
+    ort_runs = [("onnxruntime: rebuilt ONNX (cpu float32)", run_ours, run_ours_noise if ctx.ours_noise else None,
+                 ref, ref_n)]
     if official is not None and run_ref is not None:
         o_ref = reference(off_policy, main_feed_name, main_feed, False)
         o_ref_n = reference(off_policy, main_feed_name, main_feed, True) if main_noise is not None else None
