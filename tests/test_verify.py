@@ -211,3 +211,91 @@ def test_other_opset_compares_outputs_and_warns_on_structure(tmp_path):
     c3 = next(c for c in rep.checks if c.title.startswith("3 "))
     det = [c for c in c3.children if c.title.startswith("deterministic_continuous_actions")]
     assert det and all(c.status == "pass" and c.summary.startswith("bitwise") for c in det)
+
+
+# --- issue 10: the same verdict whatever CPU wrote the reference ---------------------------------------
+def _rewrite_golden(path, host=None, nudge=0):
+    """The golden file as another host would have written it: its host record, and (``nudge``) its
+    deterministic actions moved by that many float32 ulps on every element."""
+    with np.load(path) as z:
+        d = {k: z[k] for k in z.files}
+    h = json.loads(str(d["host"]))
+    if host:
+        h.update(host)
+    d["host"] = np.array(json.dumps(h, sort_keys=True))
+    k = "out.deterministic_continuous_actions"
+    a = d[k].copy()
+    free = np.abs(a) < 1  # a clipped action is exactly +-1 on every host: only the others can move
+    for _ in range(abs(nudge)):
+        a = np.where(free, np.nextafter(a, np.float32(np.inf) if nudge > 0 else np.float32(-np.inf)), a).astype(np.float32)
+    d[k] = a
+    np.savez(path, **d)
+
+
+def test_golden_from_another_host_is_judged_by_the_derived_bound(out):
+    g = out / f"{STEM}.golden.npz"
+    other = {"cpu": "Intel(R) Xeon(R) Platinum 8481C", "isa": ["avx2", "avx512f"], "mkl_cbwr": None}
+    # bitwise on another host: PASS, and the report says where the golden file came from
+    _rewrite_golden(g, other)
+    r = invoke("verify", out, "--verify-dtype", "float32", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert any("written on another host (Intel(R) Xeon(R) Platinum 8481C" in n for n in rep["notes"]), rep["notes"]
+    # 2 ulps off on every unclipped element (what another CPU's kernels could give): within the bound
+    _rewrite_golden(g, nudge=2)
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 0, r.output
+    assert "not bitwise (golden written on another host)" in r.stdout and "within the derived bound" in r.stdout
+    # the same difference from this host's own golden file is a failure: bitwise is expected there
+    shutil.copy(g, out / "other.npz")
+    from huggy_convert.host import host_info
+
+    _rewrite_golden(g, {k: host_info()[k] for k in other})
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 1 and "NOT bitwise" in r.stderr, r.output
+    # far beyond the bound is a failure whoever wrote the file
+    shutil.copy(out / "other.npz", g)
+    _rewrite_golden(g, nudge=400000)
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 1 and "OVER the derived bound" in r.stderr, r.stderr
+
+
+def test_divisor_ieee_mode_passes_within_the_bound_and_auto_is_bitwise(tmp_path):
+    """--divisor ieee keeps the IEEE divisor against an official folded on another sqrt path: PASS,
+    outputs judged by the bound; auto adopts the official's: bitwise. The decision is recorded
+    in the ONNX metadata, the report and the safetensors."""
+    ieee, auto = tmp_path / "ieee", tmp_path / "auto"
+    r = run_cli(HUGGY, ieee, "--divisor", "ieee", "--no-program", "--verify-dtype", "float32")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rebuilt keeps IEEE (--divisor ieee)" in r.stdout
+    assert "not bitwise (the divisors differ by 1 ulp: --divisor ieee)" in r.stdout and "within the derived bound" in r.stdout
+    r = run_cli(HUGGY, auto, "--no-program", "--verify-dtype", "float32")
+    assert r.returncode == 0 and "adopted, bitwise equal" in r.stdout, r.stdout
+    for d, source in ((ieee, "ieee"), (auto, "official")):
+        m = onnx.load(str(d / f"{STEM}.onnx"))
+        rec = json.loads({p.key: p.value for p in m.metadata_props}["huggy_convert.divisor"])
+        assert rec["source"] == source and rec["observations"]["0"]["indices"] == [15, 18, 26, 44, 51, 55]
+        rep = json.loads((d / f"{STEM}.verify.json").read_text())
+        assert any(n.startswith("divisor: ") for n in rep["notes"])
+    # without a reference the bytes are IEEE's whatever the mode; with --divisor ieee too
+    from huggy_convert.converter import load_policy
+
+    assert load_policy(ieee / f"{STEM}.safetensors").divisor(0).tobytes() != \
+        load_policy(auto / f"{STEM}.safetensors").divisor(0).tobytes()
+    # re-verifying either folder later gives the same verdict
+    assert invoke("verify", ieee, "--verify-dtype", "float32").exit_code == 0
+    assert invoke("verify", ieee, "--reference", HUGGY.with_suffix(".onnx"), "--verify-dtype", "float32").exit_code == 0
+
+
+def test_tampered_stored_divisor_fails_check_1(out):
+    """A .safetensors whose divisor is not sqrt(variance/steps) (nor an adopted 1-ulp neighbour) fails."""
+    from huggy_convert.converter import load_policy, save_policy
+
+    p = out / f"{STEM}.safetensors"
+    pol = load_policy(p)
+    d = pol.tensors["obs.0.normalizer.divisor"].copy()
+    d[3] = np.nextafter(np.nextafter(d[3], np.float32(9)), np.float32(9))
+    pol.tensors["obs.0.normalizer.divisor"] = d
+    save_policy(p, pol)
+    r = invoke("verify", out, "--checkpoint", HUGGY, "--verify-dtype", "float32")
+    assert r.exit_code == 1 and "obs.0.normalizer.divisor[3]" in r.stderr and "2 ulp" in r.stderr, r.stderr

@@ -6,15 +6,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Distance in float32 units-in-the-last-place (0 for bitwise equal; NaN against anything -> huge)."""
-    a = np.ascontiguousarray(a, dtype=np.float32).view(np.int32).astype(np.int64)
-    b = np.ascontiguousarray(b, dtype=np.float32).view(np.int32).astype(np.int64)
-    # map the sign-magnitude float order onto a monotonic integer line
-    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)
-    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
-    return np.abs(a - b)
+from ..numerics import ulp_distance  # noqa: F401 (re-exported: verify.compare.ulp_distance)
 
 
 def array_stats(ref: np.ndarray, got: np.ndarray) -> Dict[str, object]:
