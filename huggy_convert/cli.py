@@ -91,7 +91,7 @@ def main():
               "(default: <stem>.onnx beside the checkpoint)")
 @click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
               help="normalizer divisor: auto adopts the official ONNX's when it is within 1 ulp of the IEEE "
-              "sqrt(variance/steps) (folded on another CPU), so outputs are bitwise equal to it; ieee always "
+              "sqrt(variance/steps) (folded by a sqrt that is not correctly rounded), so outputs are bitwise equal to it; ieee always "
               "uses the IEEE value (the same bytes on every machine)")
 @click.option("--no-verify", is_flag=True, help="skip verification")
 @click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")

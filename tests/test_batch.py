@@ -91,6 +91,8 @@ def test_run_dir_every_listed_checkpoint_with_its_step_reward_and_verdict(huggy_
     es = entries(out)
     doc = manifest(out)
     assert doc["tool"]["version"] == __version__ and doc["found_by"] == "run_logs/training_status.json"
+    host = doc["host"]  # where the figures were computed
+    assert host["cpu"] and host["torch"] and host["onnxruntime"] and "isa" in host and "torch_sqrt" in host
     for behavior, step, reward, name in listed:
         e = es[f"{behavior}/{name}"]
         src = HUGGY_RUN / behavior / name
@@ -105,7 +107,12 @@ def test_run_dir_every_listed_checkpoint_with_its_step_reward_and_verdict(huggy_
         assert v["onnx_initializers_bitwise"][0] == v["onnx_initializers_bitwise"][1] > 0
         assert v["outputs_bitwise"][0] == v["outputs_bitwise"][1] > 0
         assert 0 <= v["module_max_abs"]["cpu float32"] < 1e-5
+        assert 0 < v["max_bound_ratio"] < 1  # every float32 runtime within its derived bound
         assert any(k.startswith("saved program") for k in v["module_max_abs"])
+        # the divisor decision: ML-Agents folded these on MKL's generic sqrt path, 1 ulp off IEEE in places
+        d = e["divisor"]
+        assert d["mode"] == "auto" and d["source"] == "official" and d["reference"] == f"{src.stem}.onnx"
+        assert d["observations"]["0"]["max_ulp"] == 1 and d["summary"].startswith("adopted from the official ONNX")
         for kind, a in e["outputs"].items():
             assert a["sha256"] == _sha(out / a["file"]), kind
         assert sorted(a["file"] for a in e["outputs"].values()) == sorted(f"{src.stem}{s}" for s in ARTIFACT_SUFFIXES)

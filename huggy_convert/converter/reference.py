@@ -3,7 +3,7 @@
 ML-Agents folds ``sqrt(running_variance / normalization_steps)`` into one initializer with torch on
 the exporting machine's CPU, where MKL's float32 sqrt is exact (AVX2 path) or 1 ulp off on some
 elements (AVX-512, generic paths). So an official divisor equal to the IEEE value or 1 ulp from it
-on some elements is expected ("folded on another CPU"); anything further away is not the same
+on some elements is expected (folded by a sqrt that is not correctly rounded); anything further away is not the same
 normalizer (``sqrt(var + eps)``, another checkpoint's file) and fails verification.
 
 ``reconcile_divisors`` decides what the artifacts divide by:
@@ -167,10 +167,10 @@ def describe(decision: Dict[str, object]) -> str:
         idx = {k: v["indices"] for k, v in obs.items() if v.get("differs")}
         where = "; ".join(f"obs_{k} {v}" for k, v in idx.items())
         return (f"adopted from the official ONNX: {diff}/{total} elements 1 ulp from IEEE "
-                f"(folded on another CPU's sqrt path) at {where}")
+                f"(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path) at {where}")
     if obs:
         if diff:
             return (f"IEEE (--divisor ieee): the official's differs by 1 ulp on {diff}/{total} elements "
-                    "(folded on another CPU's sqrt path)")
+                    "(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path)")
         return f"IEEE, equal to the official's on all {total} elements"
     return "IEEE (correctly rounded float32 division, then sqrt)"

@@ -165,6 +165,11 @@ def _encode(policy, feed: Dict[str, np.ndarray]):
 
 def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> Reference:
     """Deterministic outputs (and, with ``noise``, ``continuous_actions`` for that injected noise)."""
+    with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
+        return _forward(policy, feed, noise)
+
+
+def _forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray]) -> Reference:
     spec, T = policy.spec, policy.tensors
     h, mem = _encode(policy, feed)
     values: Dict[str, np.ndarray] = {}

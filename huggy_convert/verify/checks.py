@@ -141,7 +141,7 @@ def op_sequence(m: onnx.ModelProto) -> List[str]:
 
 def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onnx.ModelProto) -> Check:
     """The folded normalizer divisors: the official's against IEEE ``sqrt(variance / steps)`` (equal or
-    1 ulp on some elements: folded on another CPU; more: not this normalizer, a failure), and the
+    1 ulp on some elements: folded by a sqrt that is not correctly rounded; more: not this normalizer, a failure), and the
     rebuilt one's against the official's (equal when adopted; IEEE with ``--divisor ieee``)."""
     from ..converter.reference import official_divisors
 
@@ -182,10 +182,10 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
         where = f" at {f['official_vs_ieee']['indices']}" if n_off else ""
         if rb["differs"]:
             lines.append(f"obs_{i}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
-                         "(folded on another CPU); rebuilt keeps IEEE (--divisor ieee): outputs judged by the derived bound")
+                         "(folded by a sqrt that is not correctly rounded); rebuilt keeps IEEE (--divisor ieee): outputs judged by the derived bound")
         elif n_off:
             lines.append(f"obs_{i}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
-                         "(folded on another CPU's sqrt path): adopted, bitwise equal")
+                         "(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path): adopted, bitwise equal")
         else:
             lines.append(f"obs_{i}: official equals IEEE on all {rb['count']} elements; rebuilt bitwise equal")
     c.figures = figures
