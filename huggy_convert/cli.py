@@ -48,9 +48,10 @@ def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
 
 tolerance_options = [
     click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
-                 help="absolute tolerance for module checks, per output (Polygraphy style); repeatable"),
+                 help="absolute tolerance for module checks, per output (Polygraphy style), in place of the "
+                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable"),
     click.option("--rtol", multiple=True, metavar="[OUTPUT:]TOL",
-                 help="relative tolerance: an element fails only past both atol and rtol (fp32 default 1e-5; "
+                 help="relative tolerance: an element fails only past both atol and rtol (with --atol: "
                       "an --atol override alone means absolute only)"),
     click.option("--cosine", multiple=True, metavar="[OUTPUT:]MIN", help="minimum cosine similarity, per output"),
     click.option("--verify-device", "devices", multiple=True, metavar="DEV",

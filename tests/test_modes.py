@@ -272,11 +272,11 @@ def test_onnx_compare_variants_bitwise():
 # --- fingerprint ----------------------------------------------------------------------------
 def test_fingerprint_matches_verify_and_expect(huggy_policy, tmp_path):
     from huggy_convert.exporters.torch_module import build_module
-    from huggy_convert.verify.checks import fingerprint, reference_step
+    from huggy_convert.verify.checks import fingerprint, reference_fingerprint
     from huggy_convert.verify.engine import module_runner
 
     d = cli_json("fingerprint", HUGGY)
-    want = fingerprint(reference_step(huggy_policy), huggy_policy, 64, 0)
+    want = reference_fingerprint(huggy_policy, 64, 0)
     local = fingerprint(module_runner(build_module(huggy_policy)), huggy_policy, 64, 0)
     f64 = d["fingerprints"]["64"]
     assert f64["sha256"] == want and f64["host_independent"] and f64["runtime_sha256"] == local

@@ -299,3 +299,17 @@ def test_tampered_stored_divisor_fails_check_1(out):
     save_policy(p, pol)
     r = invoke("verify", out, "--checkpoint", HUGGY, "--verify-dtype", "float32")
     assert r.exit_code == 1 and "obs.0.normalizer.divisor[3]" in r.stderr and "2 ulp" in r.stderr, r.stderr
+
+
+def test_reference_fingerprint_is_the_same_batched_or_step_by_step():
+    """The float64 reference rounded to float32 does not depend on how its GEMMs are blocked: the
+    sequence run as one batch hashes as the same sequence run one row at a time (every fixture)."""
+    from conftest import HUGGY_RUN, VARIANTS
+
+    from huggy_convert.converter import convert_checkpoint
+    from huggy_convert.verify.bounds import Float64Policy
+    from huggy_convert.verify.checks import fingerprint, reference_fingerprint
+
+    for ck in [step_checkpoints(HUGGY_RUN)[-1]] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]:
+        pol = convert_checkpoint(ck).policy
+        assert reference_fingerprint(pol, 64, 0) == fingerprint(Float64Policy(pol).values32, pol, 64, 0), ck.stem

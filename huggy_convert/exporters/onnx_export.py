@@ -97,7 +97,7 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     """Build the Unity-contract ONNX model for ``policy``; checked with ``full_check``."""
     if opset not in C.ONNX_OPSETS:
         raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
-                          "(Barracuda: 9, Sentis: 7-15, Ascend ATC: 11-15)")
+                          "(Barracuda: 9, Sentis: 7-15, Ascend ATC: 9-13 on CANN 5/6, 9-18 on CANN 7)")
     spec, T = policy.spec, policy.tensors
     src = lambda canonical: policy.sources.get(canonical, canonical)  # noqa: E731 - ML-Agents' name
     g = _Graph(opset)

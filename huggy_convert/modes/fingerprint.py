@@ -1,6 +1,6 @@
 """``fingerprint``: sha256 of seeded 64- and 128-step action sequences (verify's check 5).
 
-The fingerprint that identifies a policy is the float64 reference's (verify.checks.reference_step):
+The fingerprint that identifies a policy is the float64 reference's (verify.checks.reference_fingerprint):
 the same on every host, so ``--expect`` can gate a deploy on another machine. The chosen runtime's
 float32 fingerprint is printed beside it: it is host-local (float32 kernels differ by CPU and
 device), and it must not change between two runs on this host."""
@@ -10,7 +10,7 @@ from typing import Sequence
 
 from ..errors import InputError
 from ..verify.checks import fingerprint as fp
-from ..verify.checks import reference_step
+from ..verify.checks import reference_fingerprint
 from .common import ModeResult
 from .sources import KIND_ONNX, Source, make_runner
 
@@ -41,7 +41,7 @@ def fingerprint(src: Source, device: str = "cpu", dtype: str = "float32", runtim
     for n in steps:
         a = fp(runner.run, pol, int(n), seed)
         b = fp(runner.run, pol, int(n), seed)
-        ref = fp(reference_step(pol), pol, int(n), seed) if has_ref else a
+        ref = reference_fingerprint(pol, int(n), seed) if has_ref else a
         results[str(n)] = {"sha256": ref, "host_independent": has_ref, "runtime_sha256": a, "stable": a == b}
         r.ok = r.ok and a == b
     expected = {}

@@ -67,14 +67,31 @@ def _f64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float32).astype(np.float64)
 
 
-def affine(x: Bounded, W: np.ndarray, b: Optional[np.ndarray]) -> Bounded:
+@dataclass
+class Linear:
+    """A layer's float32 weights in float64, with what the bound needs (|W|, W^2, |b|), prepared once."""
+
+    W: np.ndarray
+    b: np.ndarray
+    aW: np.ndarray
+    W2: np.ndarray
+    ab: np.ndarray
+    n: int
+
+    @classmethod
+    def of(cls, W, b=None) -> "Linear":
+        W64 = _f64(W)
+        b64 = _f64(b) if b is not None else np.zeros(W64.shape[0])
+        return cls(W64, b64, np.abs(W64), W64 ** 2, np.abs(b64), W64.shape[1] + (1 if b is not None else 0))
+
+
+def affine(x: Bounded, lin: "Linear", bounds: bool = True) -> Bounded:
     """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
-    W64 = _f64(W)
-    b64 = _f64(b) if b is not None else np.zeros(W64.shape[0])
-    n = W64.shape[1] + (1 if b is not None else 0)
-    z = x.v @ W64.T + b64
-    A = (np.abs(x.v) + x.err) @ np.abs(W64).T + np.abs(b64)
-    return Bounded(z, np.sqrt((x.err ** 2) @ (W64 ** 2).T) + LAMBDA * U32 * np.sqrt(n) * A)
+    z = x.v @ lin.W.T + lin.b
+    if not bounds:
+        return Bounded(z, np.zeros_like(z))
+    A = (np.abs(x.v) + x.err) @ lin.aW.T + lin.ab
+    return Bounded(z, np.sqrt((x.err ** 2) @ lin.W2.T) + LAMBDA * U32 * np.sqrt(lin.n) * A)
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -132,77 +149,102 @@ class Reference:
     logits: Dict[int, Bounded]
 
 
-def _encode(policy, feed: Dict[str, np.ndarray]):
-    spec, T = policy.spec, policy.tensors
-    parts = []
-    for i in range(len(spec.obs_sizes)):
-        x = _f64(feed[C.OBS_INPUT.format(i=i)])
-        if spec.normalize:
-            q = (x - _f64(T[C.c_norm(i, C.NORM_MEAN)])) / _f64(policy.divisor(i))
-            b = Bounded(q, 2 * U32 * np.abs(q) * (1 + U32))
-            b = clip(b, -C.NORM_CLIP, C.NORM_CLIP)
-        else:
-            b = Bounded.exact(x)
-        parts.append(b)
-    h = parts[0] if len(parts) == 1 else concat(parts)
-    for layer in range(spec.num_layers):
-        h = swish(affine(h, T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")]))
-    mem_out = None
-    if spec.memory_size:
-        hs = spec.memory_size // 2
-        m = _f64(feed[C.RECURRENT_IN])[:, 0, :]
-        h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
-        gx = affine(h, T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")])
-        gh = affine(h0, T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])
-        g = add(gx, gh)
-        i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: input, forget, cell, output
-        c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
-        h1 = mul(sigmoid(o_g), tanh(c1))
-        h = h1
-        mem_out = concat([h1, c1])
-    return h, mem_out
+class Float64Policy:
+    """The policy's float32 tensors in float64, prepared once; :meth:`forward` runs the float64
+    reference (with bounds, or ``bounds=False`` for the values alone)."""
 
+    def __init__(self, policy):
+        spec, T = policy.spec, policy.tensors
+        self.spec = spec
+        self.norm = [(_f64(T[C.c_norm(i, C.NORM_MEAN)]), _f64(policy.divisor(i))) for i in range(len(spec.obs_sizes))] \
+            if spec.normalize else []
+        self.body = [Linear.of(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(spec.num_layers)]
+        self.lstm = (Linear.of(T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")]),
+                     Linear.of(T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])) if spec.memory_size else None
+        self.mu = Linear.of(T[C.C_MU_W], T[C.C_MU_B]) if spec.continuous_size else None
+        self.log_sigma = (Linear.of(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if spec.conditional_sigma else
+                          _f64(T[C.C_LOG_SIGMA])) if spec.continuous_size else None
+        self.branches = [Linear.of(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
+                         for b in range(len(spec.discrete_branches))]
 
-def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> Reference:
-    """Deterministic outputs (and, with ``noise``, ``continuous_actions`` for that injected noise)."""
-    with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
-        return _forward(policy, feed, noise)
+    def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":
+        with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
+            return self._forward(feed, noise, bounds)
 
+    def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The deterministic outputs rounded once to float32 (fingerprints)."""
+        vals = self.forward(feed, bounds=False).values
+        return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in vals.items()}
 
-def _forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray]) -> Reference:
-    spec, T = policy.spec, policy.tensors
-    h, mem = _encode(policy, feed)
-    values: Dict[str, np.ndarray] = {}
-    bounds: Dict[str, np.ndarray] = {}
-    logits: Dict[int, Bounded] = {}
-    if spec.continuous_size:
-        mu = affine(h, T[C.C_MU_W], T[C.C_MU_B])
-        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
-        values[C.OUT_CONT_DET], bounds[C.OUT_CONT_DET] = det.v, det.err
-        if noise is not None:
-            if spec.conditional_sigma:
-                ls = clip(affine(h, T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+    def _encode(self, feed, bounds: bool):
+        spec = self.spec
+        parts = []
+        for i in range(len(spec.obs_sizes)):
+            x = _f64(feed[C.OBS_INPUT.format(i=i)])
+            if spec.normalize:
+                mean, div = self.norm[i]
+                q = (x - mean) / div
+                b = clip(Bounded(q, 2 * U32 * np.abs(q) * (1 + U32) if bounds else np.zeros_like(q)),
+                         -C.NORM_CLIP, C.NORM_CLIP)
             else:
-                ls = Bounded.exact(np.broadcast_to(_f64(T[C.C_LOG_SIGMA]), mu.v.shape))
-            s = add(mu, mul(exp(ls), Bounded.exact(_f64(noise))))
-            out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
-            values[C.OUT_CONT], bounds[C.OUT_CONT] = out.v, out.err
-    if spec.discrete_branches:
-        masks = _f64(feed[C.ACTION_MASKS])
-        start, picks = 0, []
-        for b, n in enumerate(spec.discrete_branches):
-            lg = affine(h, T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
-            m = masks[:, start:start + n]
-            start += n
-            # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8
-            lg = Bounded(np.where(m > 0, lg.v, -C.MASK_PENALTY), np.where(m > 0, lg.err, 0.0))
-            logits[b] = lg
-            picks.append(np.argmax(lg.v, axis=1))
-        values[C.OUT_DISC_DET] = np.stack(picks, axis=1).astype(np.int64)
-        bounds[C.OUT_DISC_DET] = np.zeros(values[C.OUT_DISC_DET].shape)
-    if mem is not None:
-        values[C.RECURRENT_OUT], bounds[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
-    return Reference(values, bounds, logits)
+                b = Bounded.exact(x)
+            parts.append(b)
+        h = parts[0] if len(parts) == 1 else concat(parts)
+        for lin in self.body:
+            h = swish(affine(h, lin, bounds))
+        mem_out = None
+        if self.lstm is not None:
+            hs = spec.memory_size // 2
+            m = _f64(feed[C.RECURRENT_IN])[:, 0, :]
+            h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
+            g = add(affine(h, self.lstm[0], bounds), affine(h0, self.lstm[1], bounds))
+            i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: i, f, g, o
+            c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
+            h1 = mul(sigmoid(o_g), tanh(c1))
+            h = h1
+            mem_out = concat([h1, c1])
+        return h, mem_out
+
+    def _forward(self, feed, noise, bounds: bool) -> "Reference":
+        spec = self.spec
+        h, mem = self._encode(feed, bounds)
+        values: Dict[str, np.ndarray] = {}
+        errs: Dict[str, np.ndarray] = {}
+        logits: Dict[int, Bounded] = {}
+        if self.mu is not None:
+            mu = affine(h, self.mu, bounds)
+            det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+            values[C.OUT_CONT_DET], errs[C.OUT_CONT_DET] = det.v, det.err
+            if noise is not None:
+                if spec.conditional_sigma:
+                    ls = clip(affine(h, self.log_sigma, bounds), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+                else:
+                    ls = Bounded.exact(np.broadcast_to(self.log_sigma, mu.v.shape))
+                s = add(mu, mul(exp(ls), Bounded.exact(_f64(noise))))
+                out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+                values[C.OUT_CONT], errs[C.OUT_CONT] = out.v, out.err
+        if self.branches:
+            masks = _f64(feed[C.ACTION_MASKS])
+            start, picks = 0, []
+            for b, (lin, n) in enumerate(zip(self.branches, spec.discrete_branches)):
+                lg = affine(h, lin, bounds)
+                m = masks[:, start:start + n]
+                start += n
+                # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8
+                lg = Bounded(np.where(m > 0, lg.v, -C.MASK_PENALTY), np.where(m > 0, lg.err, 0.0))
+                logits[b] = lg
+                picks.append(np.argmax(lg.v, axis=1))
+            values[C.OUT_DISC_DET] = np.stack(picks, axis=1).astype(np.int64)
+            errs[C.OUT_DISC_DET] = np.zeros(values[C.OUT_DISC_DET].shape)
+        if mem is not None:
+            values[C.RECURRENT_OUT], errs[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
+        return Reference(values, errs, logits)
+
+
+def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> "Reference":
+    """Deterministic outputs and their bounds (and, with ``noise``, ``continuous_actions`` for that
+    injected noise). Prepares the weights each call: keep a :class:`Float64Policy` to run several."""
+    return Float64Policy(policy).forward(feed, noise)
 
 
 def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:

@@ -461,17 +461,27 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
 
 
 # --- 5 ---------------------------------------------------------------------------------------
-def reference_step(policy: Policy):
-    """A ``step_fn`` for :func:`fingerprint` from the float64 reference (bounds.reference_forward),
-    its outputs rounded once to float32: the same on every host (a float64 result would have to
-    lie within ~1e-16 of a float32 rounding boundary to change the hash)."""
-    from .bounds import reference_forward
+def reference_fingerprint(policy: Policy, steps: int, seed: int = 0) -> str:
+    """:func:`fingerprint` of the float64 reference (bounds.Float64Policy), its outputs rounded once to
+    float32: the same on every host (a float64 result would have to lie within ~1e-16 of a float32
+    rounding boundary to change the hash). Without a memory every step is independent: the whole
+    sequence runs as one batch, hashed step by step as :func:`fingerprint` hashes it."""
+    from .bounds import Float64Policy
+    from .probes import make_probes
 
-    def step(feed):
-        vals = reference_forward(policy, feed).values
-        return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in vals.items()}
-
-    return step
+    ref = Float64Policy(policy)
+    if policy.spec.memory_size:
+        return fingerprint(ref.values32, policy, steps, seed)
+    feed = make_probes(policy, rows=steps, seed=seed)
+    if policy.spec.discrete_branches:
+        feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
+    out = ref.values32(feed)
+    h = hashlib.sha256()
+    for t in range(steps):
+        for name in (C.OUT_CONT_DET, C.OUT_DISC_DET):
+            if name in out:
+                h.update(np.ascontiguousarray(out[name][t:t + 1]).tobytes())
+    return h.hexdigest()
 
 
 def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0) -> str:

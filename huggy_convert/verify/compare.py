@@ -93,9 +93,9 @@ class Tolerance:
         return stats["max_abs"] <= self.atol
 
 
-# fp32: ORT's own float32 rounding against the exact result reaches ~1e-6 on Huggy-scale
-# outlier rows (its Sigmoid is a rational approximation), so a pure 1e-6 bound is met by ORT
-# alone and by no other runtime; Polygraphy's rtol lets such elements pass at 1e-5 relative.
+# float32 runtimes are judged by the derived bound (verify.bounds), not by these numbers: the float32
+# entry is the base of an explicit --atol/--rtol/--cosine override, and the rule for an ONNX input
+# without canonical tensors (no float64 reference to bound against).
 DEFAULT_TOLERANCES = {
     "float32": Tolerance(atol=1e-6, cosine=0.999999, rtol=1e-5),
     "float16": Tolerance(atol=1e-2, cosine=0.999),

@@ -21,7 +21,7 @@ from ..exporters.onnx_export import model_bytes, with_noise_input
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
 from . import checks as K
-from .bounds import reference_forward, within_both
+from .bounds import Float64Policy, within_both
 from .probes import make_noise, make_probes
 from .report import FAIL, PASS, SKIP, WARN, Check, Report
 from .runtime import INTRA_OP_THREADS, ort_run, ort_session
@@ -160,6 +160,7 @@ class Context:
         self.run_ref = self.run_ref_noise = self.fallback = None
         self.off_policy = policy  # the policy the reference computes (the official's own divisors)
         self._refs: Dict[tuple, object] = {}
+        self._f64: Dict[int, tuple] = {}  # id(policy) -> (policy, Float64Policy): weights prepared once
         self.rebuilt = rebuilt
 
     def run_ours(self, feed):
@@ -171,7 +172,9 @@ class Context:
     def reference(self, pol: Policy, feed_name: str, feed, with_noise: bool):
         key = (id(pol), feed_name, with_noise)
         if key not in self._refs:
-            self._refs[key] = reference_forward(pol, feed, self.noises.get(feed_name) if with_noise else None)
+            if id(pol) not in self._f64:
+                self._f64[id(pol)] = (pol, Float64Policy(pol))  # the policy is kept: its id stays its own
+            self._refs[key] = self._f64[id(pol)][1].forward(feed, self.noises.get(feed_name) if with_noise else None)
         return self._refs[key]
 
     def judge_pair(self, pol_a: Policy, pol_b: Policy):
@@ -367,10 +370,9 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     c5 = Check("5 determinism fingerprints")
     if cpu32 is None:
         cpu32 = module_runner(build_module(policy, "cpu", "float32"))
-    ref_step = K.reference_step(policy)
     fps = {}
     for steps in o.fingerprint_steps:
-        f = K.fingerprint(ref_step, policy, steps, o.seed)
+        f = K.reference_fingerprint(policy, steps, o.seed)
         a = K.fingerprint(cpu32, policy, steps, o.seed)
         b = K.fingerprint(cpu32, policy, steps, o.seed)
         ra = K.fingerprint(run_ours, policy, steps, o.seed)
