@@ -67,31 +67,41 @@ def _f64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float32).astype(np.float64)
 
 
-@dataclass
+SLACK = 1 + 2.0 ** -10  # the bound's own sums run in float32 (relative error < 2^-10 for n < 2^13 terms)
+
+
 class Linear:
-    """A layer's float32 weights in float64, with what the bound needs (|W|, W^2, |b|), prepared once."""
+    """A layer's float32 weights in float64 for the values; |W| and W^2 (float32: the bound is an upper
+    estimate, computed with ``SLACK``) made on first use."""
 
-    W: np.ndarray
-    b: np.ndarray
-    aW: np.ndarray
-    W2: np.ndarray
-    ab: np.ndarray
-    n: int
+    def __init__(self, W, b=None):
+        self.W32 = np.ascontiguousarray(W, dtype=np.float32)
+        self.W = self.W32.astype(np.float64)
+        self.b = _f64(b) if b is not None else np.zeros(self.W.shape[0])
+        self.n = self.W.shape[1] + (1 if b is not None else 0)
+        self._aW = self._W2 = None
 
-    @classmethod
-    def of(cls, W, b=None) -> "Linear":
-        W64 = _f64(W)
-        b64 = _f64(b) if b is not None else np.zeros(W64.shape[0])
-        return cls(W64, b64, np.abs(W64), W64 ** 2, np.abs(b64), W64.shape[1] + (1 if b is not None else 0))
+    @property
+    def aW(self) -> np.ndarray:
+        if self._aW is None:
+            self._aW = np.abs(self.W32)
+        return self._aW
+
+    @property
+    def W2(self) -> np.ndarray:
+        if self._W2 is None:
+            self._W2 = np.square(self.W32)
+        return self._W2
 
 
-def affine(x: Bounded, lin: "Linear", bounds: bool = True) -> Bounded:
+def affine(x: Bounded, lin: Linear, bounds: bool = True) -> Bounded:
     """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
     z = x.v @ lin.W.T + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
-    A = (np.abs(x.v) + x.err) @ lin.aW.T + lin.ab
-    return Bounded(z, np.sqrt((x.err ** 2) @ lin.W2.T) + LAMBDA * U32 * np.sqrt(lin.n) * A)
+    A = ((np.abs(x.v) + x.err).astype(np.float32) @ lin.aW.T).astype(np.float64) * SLACK + np.abs(lin.b)
+    inherited = np.sqrt(((x.err ** 2).astype(np.float32) @ lin.W2.T).astype(np.float64) * SLACK)
+    return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -158,13 +168,13 @@ class Float64Policy:
         self.spec = spec
         self.norm = [(_f64(T[C.c_norm(i, C.NORM_MEAN)]), _f64(policy.divisor(i))) for i in range(len(spec.obs_sizes))] \
             if spec.normalize else []
-        self.body = [Linear.of(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(spec.num_layers)]
-        self.lstm = (Linear.of(T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")]),
-                     Linear.of(T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])) if spec.memory_size else None
-        self.mu = Linear.of(T[C.C_MU_W], T[C.C_MU_B]) if spec.continuous_size else None
-        self.log_sigma = (Linear.of(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if spec.conditional_sigma else
+        self.body = [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(spec.num_layers)]
+        self.lstm = (Linear(T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")]),
+                     Linear(T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])) if spec.memory_size else None
+        self.mu = Linear(T[C.C_MU_W], T[C.C_MU_B]) if spec.continuous_size else None
+        self.log_sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if spec.conditional_sigma else
                           _f64(T[C.C_LOG_SIGMA])) if spec.continuous_size else None
-        self.branches = [Linear.of(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
+        self.branches = [Linear(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
                          for b in range(len(spec.discrete_branches))]
 
     def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":

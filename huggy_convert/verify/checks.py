@@ -461,15 +461,16 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
 
 
 # --- 5 ---------------------------------------------------------------------------------------
-def reference_fingerprint(policy: Policy, steps: int, seed: int = 0) -> str:
+def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=None) -> str:
     """:func:`fingerprint` of the float64 reference (bounds.Float64Policy), its outputs rounded once to
     float32: the same on every host (a float64 result would have to lie within ~1e-16 of a float32
     rounding boundary to change the hash). Without a memory every step is independent: the whole
-    sequence runs as one batch, hashed step by step as :func:`fingerprint` hashes it."""
+    sequence runs as one batch, hashed step by step as :func:`fingerprint` hashes it. ``prepared``: the
+    policy's bounds.Float64Policy, when the caller has one."""
     from .bounds import Float64Policy
     from .probes import make_probes
 
-    ref = Float64Policy(policy)
+    ref = prepared or Float64Policy(policy)
     if policy.spec.memory_size:
         return fingerprint(ref.values32, policy, steps, seed)
     feed = make_probes(policy, rows=steps, seed=seed)

@@ -169,12 +169,15 @@ class Context:
     def run_ours_noise(self, feed):
         return ort_run(self.ours_noise, feed)
 
+    def prepared(self, pol: Policy) -> Float64Policy:
+        if id(pol) not in self._f64:
+            self._f64[id(pol)] = (pol, Float64Policy(pol))  # the policy is kept: its id stays its own
+        return self._f64[id(pol)][1]
+
     def reference(self, pol: Policy, feed_name: str, feed, with_noise: bool):
         key = (id(pol), feed_name, with_noise)
         if key not in self._refs:
-            if id(pol) not in self._f64:
-                self._f64[id(pol)] = (pol, Float64Policy(pol))  # the policy is kept: its id stays its own
-            self._refs[key] = self._f64[id(pol)][1].forward(feed, self.noises.get(feed_name) if with_noise else None)
+            self._refs[key] = self.prepared(pol).forward(feed, self.noises.get(feed_name) if with_noise else None)
         return self._refs[key]
 
     def judge_pair(self, pol_a: Policy, pol_b: Policy):
@@ -372,7 +375,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
         cpu32 = module_runner(build_module(policy, "cpu", "float32"))
     fps = {}
     for steps in o.fingerprint_steps:
-        f = K.reference_fingerprint(policy, steps, o.seed)
+        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared(policy))
         a = K.fingerprint(cpu32, policy, steps, o.seed)
         b = K.fingerprint(cpu32, policy, steps, o.seed)
         ra = K.fingerprint(run_ours, policy, steps, o.seed)
