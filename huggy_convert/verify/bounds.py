@@ -70,37 +70,47 @@ def _f64(a) -> np.ndarray:
 SLACK = 1 + 2.0 ** -10  # the bound's own sums run in float32 (relative error < 2^-10 for n < 2^13 terms)
 
 
+def _mm(x: np.ndarray, wt) -> np.ndarray:
+    """``x @ wt`` through torch's CPU GEMM, on torch's thread setting (a batch's workers run one thread
+    each; numpy's BLAS would start threads of its own and oversubscribe the cores)."""
+    import torch
+
+    return (torch.from_numpy(np.ascontiguousarray(x, dtype=wt.numpy().dtype)) @ wt).numpy()
+
+
 class Linear:
     """A layer's float32 weights in float64 for the values; |W| and W^2 (float32: the bound is an upper
     estimate, computed with ``SLACK``) made on first use."""
 
     def __init__(self, W, b=None):
-        self.W32 = np.ascontiguousarray(W, dtype=np.float32)
-        self.W = self.W32.astype(np.float64)
-        self.b = _f64(b) if b is not None else np.zeros(self.W.shape[0])
-        self.n = self.W.shape[1] + (1 if b is not None else 0)
-        self._aW = self._W2 = None
+        import torch
+
+        self.W32 = torch.from_numpy(np.array(W, dtype=np.float32, order="C"))
+        self.WT = self.W32.to(torch.float64).t()
+        self.b = _f64(b) if b is not None else np.zeros(self.W32.shape[0])
+        self.n = self.W32.shape[1] + (1 if b is not None else 0)
+        self._aWT = self._W2T = None
 
     @property
-    def aW(self) -> np.ndarray:
-        if self._aW is None:
-            self._aW = np.abs(self.W32)
-        return self._aW
+    def aWT(self):
+        if self._aWT is None:
+            self._aWT = self.W32.abs().t()
+        return self._aWT
 
     @property
-    def W2(self) -> np.ndarray:
-        if self._W2 is None:
-            self._W2 = np.square(self.W32)
-        return self._W2
+    def W2T(self):
+        if self._W2T is None:
+            self._W2T = self.W32.square().t()
+        return self._W2T
 
 
 def affine(x: Bounded, lin: Linear, bounds: bool = True) -> Bounded:
     """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
-    z = x.v @ lin.W.T + lin.b
+    z = _mm(x.v, lin.WT) + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
-    A = ((np.abs(x.v) + x.err).astype(np.float32) @ lin.aW.T).astype(np.float64) * SLACK + np.abs(lin.b)
-    inherited = np.sqrt(((x.err ** 2).astype(np.float32) @ lin.W2.T).astype(np.float64) * SLACK)
+    A = _mm(np.abs(x.v) + x.err, lin.aWT).astype(np.float64) * SLACK + np.abs(lin.b)
+    inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
     return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
 
 
