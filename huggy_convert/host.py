@@ -35,7 +35,8 @@ def _cpu() -> Dict[str, object]:
 def torch_sqrt_path() -> Dict[str, object]:
     """Which float32 sqrt torch's CPU kernel takes here: the share of 4096 fixed log-uniform values
     whose torch.sqrt differs from the correctly rounded one (0: exact, as MKL's AVX2 path; ~0.7 %:
-    MKL's AVX-512 path; ~17 %: MKL's generic path). Informative only: no artifact uses it."""
+    MKL's AVX-512 path; ~17 %: MKL's generic path). The one torch.sqrt in the package, on purpose:
+    it describes the host; no artifact's number comes from it (numerics.ieee_divisor does)."""
     import torch
 
     x = np.exp(np.linspace(-40.0, 40.0, 4096)).astype(np.float32)

@@ -94,14 +94,14 @@ def check_divisor_tensors(policy: Policy, bad: List[str]) -> str:
         return ""
     adopted = divisor_record(policy).get("source") == "official"
     ieee = policy_ieee_divisors(policy)
-    worst, differs = 0, 0
+    differs = 0
     for i, want in ieee.items():
         got = policy.tensors.get(C.c_divisor(i))
         if got is None or got.shape != want.shape:
             bad.append(f"{C.c_divisor(i)}: missing or of the wrong shape")
             continue
         cmp = compare_divisor(got, want)
-        worst, differs = max(worst, cmp["max_ulp"]), differs + cmp["differs"]
+        differs += cmp["differs"]
         if cmp["differs"] and (not adopted or cmp["max_ulp"] > 1):
             w = cmp["worst"]
             bad.append(f"{C.c_divisor(i)}[{w['index']}] is {w['official']!r}, IEEE sqrt(variance/steps) is "
@@ -140,9 +140,10 @@ def op_sequence(m: onnx.ModelProto) -> List[str]:
 
 
 def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onnx.ModelProto) -> Check:
-    """The folded normalizer divisors: the official's against IEEE ``sqrt(variance / steps)`` (equal or
-    1 ulp on some elements: folded by a sqrt that is not correctly rounded; more: not this normalizer, a failure), and the
-    rebuilt one's against the official's (equal when adopted; IEEE with ``--divisor ieee``)."""
+    """The folded normalizer divisors: the official's against IEEE ``sqrt(variance / steps)`` (equal, or
+    1 ulp on some elements: folded by a sqrt that is not correctly rounded; more: not this normalizer,
+    a failure), and the rebuilt one's against the official's (equal when adopted; IEEE with
+    ``--divisor ieee``)."""
     from ..converter.reference import official_divisors
 
     c = Check("normalizer divisor")
