@@ -1,4 +1,4 @@
-"""What machine a result was computed on: CPU, ISA, torch / MKL / onnxruntime, and torch's sqrt path.
+"""What machine a result was computed on: CPU, ISA flags, torch / MKL / onnxruntime, ``MKL_CBWR``.
 
 Recorded in ``verify.json``, ``golden.npz`` and the batch manifest, so that a result read on another
 machine says where it came from (``verify OUT/`` compares the golden file's host with its own).
@@ -32,22 +32,6 @@ def _cpu() -> Dict[str, object]:
     return {"cpu": model or platform.machine(), "isa": [f for f in _ISA_FLAGS if f in flags]}
 
 
-def torch_sqrt_path() -> Dict[str, object]:
-    """Which float32 sqrt torch's CPU kernel takes here: the share of 4096 fixed log-uniform values
-    whose torch.sqrt differs from the correctly rounded one (0: exact, as MKL's AVX2 path; ~0.7 %:
-    MKL's AVX-512 path; ~17 %: MKL's generic path). The one torch.sqrt in the package, on purpose:
-    it describes the host; no artifact's number comes from it (numerics.ieee_divisor does)."""
-    import torch
-
-    x = np.exp(np.linspace(-40.0, 40.0, 4096)).astype(np.float32)
-    exact = np.sqrt(x.astype(np.float64)).astype(np.float32)
-    got = torch.sqrt(torch.from_numpy(x)).numpy()
-    frac = float(np.mean(got != exact))
-    label = ("exact" if frac == 0 else "like MKL's AVX-512 path" if frac < 0.03 else
-             "like MKL's generic path" if frac < 0.3 else "other")
-    return {"differs_from_ieee": round(frac, 4), "label": label}
-
-
 @lru_cache(maxsize=1)
 def _static() -> Dict[str, object]:
     import onnxruntime
@@ -61,7 +45,6 @@ def _static() -> Dict[str, object]:
         "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkl": mkl if torch.backends.mkl.is_available() else None,
         "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
-        "torch_sqrt": torch_sqrt_path(),
     })
     return d
 

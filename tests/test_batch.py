@@ -92,7 +92,7 @@ def test_run_dir_every_listed_checkpoint_with_its_step_reward_and_verdict(huggy_
     doc = manifest(out)
     assert doc["tool"]["version"] == __version__ and doc["found_by"] == "run_logs/training_status.json"
     host = doc["host"]  # where the figures were computed
-    assert host["cpu"] and host["torch"] and host["onnxruntime"] and "isa" in host and "torch_sqrt" in host
+    assert host["cpu"] and host["torch"] and host["onnxruntime"] and "isa" in host and "mkl_cbwr" in host
     for behavior, step, reward, name in listed:
         e = es[f"{behavior}/{name}"]
         src = HUGGY_RUN / behavior / name

@@ -76,7 +76,7 @@ def test_report_figures_and_environment(converted):
     fps = rep["checks"][4]["figures"]["fingerprints"]
     assert set(fps) == {"64", "128"} and len(fps["64"]["reference"]) == len(fps["64"]["torch_cpu_float32"]) == 64
     host = env["host"]
-    for k in ("cpu", "isa", "machine", "torch", "mkl", "onnxruntime", "torch_sqrt"):
+    for k in ("cpu", "isa", "machine", "torch", "mkl", "onnxruntime", "mkl_cbwr"):
         assert k in host, k
     golden = np.load(converted / f"{STEM}.golden.npz")
     assert golden["in.obs_0"].shape == (64, 59) and golden["out.deterministic_continuous_actions"].shape == (64, 21)
