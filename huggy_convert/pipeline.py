@@ -94,13 +94,20 @@ def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto])
     return sizes if len(sizes) > 1 and all(sizes) else None
 
 
-def load_reference(path: Path) -> onnx.ModelProto:
+def read_reference(path: Path):
+    """(the official ONNX, its sha256), the file read once."""
+    path = Path(path)
     if not path.is_file():
         raise InputError("reference ONNX not found", path)
+    data = path.read_bytes()
     try:
-        return onnx.load(str(path))
+        return onnx.load_model_from_string(data), hashlib.sha256(data).hexdigest()
     except Exception as exc:
         raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
+
+
+def load_reference(path: Path) -> onnx.ModelProto:
+    return read_reference(path)[0]
 
 
 @dataclass
@@ -124,16 +131,15 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
     keeps none: the official's inputs give it) and the divisors (``converter.reconcile_divisors``).
     The one place single conversion, batch and the modes decide both. ``lenient``: an unreadable
     reference is ignored (the modes), instead of an error (a conversion)."""
-    official = None
+    official = ref_sha = None
     if reference is not None:
         try:
-            official = load_reference(Path(reference))
+            official, ref_sha = read_reference(Path(reference))
         except InputError:
             if not lenient:
                 raise
             reference = None
     sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
-    ref_sha = hashlib.sha256(Path(reference).read_bytes()).hexdigest() if official is not None else None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
                                   reference_sha256=ref_sha)
