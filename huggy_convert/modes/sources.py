@@ -444,21 +444,15 @@ def ort_provider_for(device: str) -> Tuple[str, str]:
 
 
 def ort_session_on(model, device: str = "cpu"):
-    """onnxruntime session on ``device``: CPU (one intra-op thread, as the verifier) or an accelerator EP."""
-    import onnxruntime as ort
-
+    """onnxruntime session on ``device``: CPU (one intra-op thread, as the verifier) or an accelerator EP
+    (verify.runtime.ort_session makes both)."""
     from ..verify.runtime import ort_session
 
     provider, label = ort_provider_for(device)
     if provider == "CPUExecutionProvider":
         return ort_session(model), label
-    data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    opts = {}
-    if ":" in device:
-        opts = {"device_id": int(device.split(":")[1])}
-    sess = ort.InferenceSession(data, sess_options=so, providers=[(provider, opts), "CPUExecutionProvider"])
+    opts = {"device_id": int(device.split(":")[1])} if ":" in device else {}
+    sess = ort_session(model, provider=provider, provider_options=opts)
     if provider not in sess.get_providers():
         raise DeviceError(f"onnxruntime could not start {provider} on {device}")
     return sess, label
