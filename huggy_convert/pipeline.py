@@ -56,6 +56,7 @@ class ConvertResult:
 
     def summary(self) -> Dict[str, object]:
         spec = self.conversion.policy.spec
+        decision = divisor_record(self.conversion.policy)
         d: Dict[str, object] = {
             "source": str(self.source), "source_sha256": self.conversion.checkpoint.sha256,
             "training_step": self.conversion.checkpoint.global_step, "out": str(self.out_dir), "stem": self.stem,
@@ -64,8 +65,8 @@ class ConvertResult:
                      "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
                      "memory_size": spec.memory_size, "parameters": spec.parameter_count()},
             "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
-            "divisor": describe_divisor(divisor_record(self.conversion.policy)) if spec.normalize else None,
-            "divisor_decision": divisor_record(self.conversion.policy) if spec.normalize else None,
+            "divisor": describe_divisor(decision) if spec.normalize else None,
+            "divisor_decision": decision if spec.normalize else None,
             "seconds": round(self.seconds, 3),
         }
         if self.report is not None:

@@ -72,9 +72,9 @@ def huggy_policy():
 def agree(policy, feed, name, a, b, noise=None) -> bool:
     """Two float32 runtimes agree as float32 can on every host: both within the derived bound of the
     float64 reference (modes.common.fp32_agree), not a constant tuned on this CPU."""
-    from huggy_convert.modes.common import fp32_agree
+    from huggy_convert.modes.common import fp32_agree, fp32_reference
 
-    j = fp32_agree(policy, feed, name, np.asarray(a, np.float32), np.asarray(b, np.float32), noise)
+    j = fp32_agree(fp32_reference(policy, feed, noise), name, np.asarray(a, np.float32), np.asarray(b, np.float32))
     assert j["ok"], j
     return True
 

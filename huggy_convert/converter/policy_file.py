@@ -139,12 +139,13 @@ def load_policy(path) -> Policy:
     except (KeyError, ValueError, TypeError) as exc:
         raise PolicyFileError(f"damaged metadata ({exc})", p) from None
     policy = Policy(spec=spec, tensors=tensors, sources=sources, metadata=md)
-    if md.get("format_version") != "1" and spec.normalize:
-        missing = [C.c_divisor(i) for i in range(len(spec.obs_sizes)) if C.c_divisor(i) not in tensors]
-        if missing:
-            raise PolicyFileError(f"missing tensor '{missing[0]}' (a format-2 policy stores each normalizer's divisor)", p)
-    if md.get("format_version") == "1" and spec.normalize:  # written before divisors were stored: IEEE
+    if not spec.normalize:
+        return policy
+    if md.get("format_version") == "1":  # written before divisors were stored: IEEE
         from .reference import reconcile_divisors
 
-        policy, _ = reconcile_divisors(policy)
+        return reconcile_divisors(policy)[0]
+    missing = [C.c_divisor(i) for i in range(len(spec.obs_sizes)) if C.c_divisor(i) not in tensors]
+    if missing:
+        raise PolicyFileError(f"missing tensor '{missing[0]}' (a format-2 policy stores each normalizer's divisor)", p)
     return policy

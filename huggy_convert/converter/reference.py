@@ -66,34 +66,39 @@ def _hex(x: np.float32) -> str:
     return "0x%08x" % int(np.float32(x).view(np.uint32))
 
 
-def compare_divisor(official: np.ndarray, ieee: np.ndarray) -> Dict[str, object]:
-    """Element-wise comparison of an official divisor with the IEEE one: counts, indices, max ulp,
-    and the worst element (index, both values, ulp distance)."""
-    if official.shape != ieee.shape:
-        return {"shape_mismatch": [list(ieee.shape), list(official.shape)], "max_ulp": None}
-    ulp = ulp_distance(official, ieee)
+def compare_divisor(got: np.ndarray, want: np.ndarray) -> Dict[str, object]:
+    """Element-wise comparison of two divisors (an official or stored one against IEEE, a rebuilt one
+    against the official's): counts, indices, max ulp, and the worst element with both values."""
+    if got.shape != want.shape:
+        return {"shape_mismatch": [list(want.shape), list(got.shape)], "max_ulp": None}
+    ulp = ulp_distance(got, want)
     idx = np.nonzero(ulp)[0]
-    d: Dict[str, object] = {"count": int(ieee.size), "differs": int(idx.size), "indices": [int(k) for k in idx],
+    d: Dict[str, object] = {"count": int(want.size), "differs": int(idx.size), "indices": [int(k) for k in idx],
                             "max_ulp": int(ulp.max()) if ulp.size else 0}
     if idx.size:
         k = int(np.argmax(ulp))
-        d["worst"] = {"index": k, "official": float(official[k]), "official_bits": _hex(official[k]),
-                      "ieee": float(ieee[k]), "ieee_bits": _hex(ieee[k]), "ulp": int(ulp[k])}
+        d["worst"] = {"index": k, "got": float(got[k]), "got_bits": _hex(got[k]),
+                      "want": float(want[k]), "want_bits": _hex(want[k]), "ulp": int(ulp[k])}
     return d
 
 
-def divisor_problem(obs: int, cmp: Dict[str, object]) -> Optional[str]:
-    """The failure sentence for one observation's comparison, or None when within 1 ulp."""
+def ulp_problem(cmp: Dict[str, object], got: str, want: str, limit: int = 1, why: str = "") -> Optional[str]:
+    """The failure sentence for a :func:`compare_divisor` result beyond ``limit`` ulp (None within it):
+    the worst element, both values with their bits, the ulp distance."""
     if "shape_mismatch" in cmp:
-        want, got = cmp["shape_mismatch"]
-        return f"obs_{obs} divisor has shape {got} in the official ONNX, the checkpoint's normalizer has {want}"
-    if cmp["max_ulp"] <= 1:
+        w, g = cmp["shape_mismatch"]
+        return f"{got} has shape {g}, {want} has {w}"
+    if cmp["max_ulp"] <= limit:
         return None
     w = cmp["worst"]
-    return (f"obs_{obs} divisor[{w['index']}]: official {w['official']!r} ({w['official_bits']}), "
-            f"IEEE sqrt(variance/steps) {w['ieee']!r} ({w['ieee_bits']}): {w['ulp']} ulp apart "
-            f"({cmp['differs']}/{cmp['count']} elements differ; another CPU's sqrt explains at most 1 ulp: "
-            "not this checkpoint's normalizer)")
+    return (f"{got}[{w['index']}] is {w['got']!r} ({w['got_bits']}), {want} is {w['want']!r} ({w['want_bits']}): "
+            f"{w['ulp']} ulp apart ({cmp['differs']}/{cmp['count']} elements differ" + (f"; {why})" if why else ")"))
+
+
+def divisor_problem(obs: int, cmp: Dict[str, object]) -> Optional[str]:
+    """An official divisor against IEEE: None when equal or 1 ulp off (another CPU's sqrt)."""
+    return ulp_problem(cmp, f"the official obs_{obs} divisor", "IEEE sqrt(variance/steps)", 1,
+                       "another CPU's sqrt explains at most 1 ulp: not this checkpoint's normalizer")
 
 
 def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:

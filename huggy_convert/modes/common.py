@@ -88,15 +88,21 @@ def tolerance(dtype: str):
     return DEFAULT_TOLERANCES[dtype]
 
 
-def fp32_agree(policy, feed: Dict[str, np.ndarray], name: str, a: np.ndarray, b: np.ndarray,
-               noise=None) -> Dict[str, Any]:
-    """Whether two float32 runs of one policy agree as well as float32 can promise on every host:
-    each float element within the derived bound of the float64 reference, so ``|a - b| <= 2 bound``
-    (verify.bounds.within_both); argmax outputs: each equal to the reference's or a float32 tie.
-    ``{"ok", "max_abs", "ratio", ...}``; ``ratio`` = max |a - b| / (2 bound)."""
-    from ..verify.bounds import judge, reference_forward, within_both
+def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
+    """The float64 reference of ``policy`` on ``feed`` (verify.bounds), for :func:`fp32_agree`."""
+    from ..verify.bounds import reference_forward
 
-    ref = reference_forward(policy, feed, noise)
+    return reference_forward(policy, feed, noise)
+
+
+def fp32_agree(ref, name: str, a: np.ndarray, b: np.ndarray) -> Dict[str, Any]:
+    """Whether two float32 runs of one policy on one feed agree as well as float32 can promise on
+    every host: each float element within the derived bound of the float64 reference ``ref``
+    (:func:`fp32_reference`), so ``|a - b| <= 2 bound`` (verify.bounds.within_both); argmax outputs:
+    each equal to the reference's or a float32 tie. ``{"ok", "max_abs", "ratio", ...}``; ``ratio`` =
+    max |a - b| / (2 bound)."""
+    from ..verify.bounds import judge, within_both
+
     if name not in ref.values:
         return {"ok": False, "missing": name}
     if ref.values[name].dtype.kind in "iu":

@@ -26,7 +26,7 @@ import numpy as np
 from .. import contract as C
 from ..errors import HuggyError, InputError
 from ..verify.compare import DEFAULT_TOLERANCES, array_stats
-from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, g, is_bitwise
+from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g, is_bitwise
 from .sources import (Source, devices_present, display_path, load_source, make_feed,
                       make_runner, ort_providers)
 from ..rundir import step_checkpoints
@@ -206,10 +206,10 @@ class Matrix:
     def agree(self, path: Path, feed, a: Dict, b: Dict, names=None, noise=None) -> Outcome:
         """Two float32 runs of the policy at ``path``: each within the derived bound of the float64
         reference (modes.common.fp32_agree), the rule verify uses on every host."""
-        s = self.src(path)
+        ref = fp32_reference(self.src(path).policy, feed, noise)
         figs, ok = {}, True
         for n in names or [k for k in a if k in b]:
-            j = fp32_agree(s.policy, feed, n, a[n], b[n], noise)
+            j = fp32_agree(ref, n, a[n], b[n])
             st = array_stats(a[n], b[n])
             figs[n] = _st(st) | ({"bound_ratio": round(float(j["ratio"]), 6)} if "ratio" in j else {})
             ok = ok and j["ok"]
@@ -228,7 +228,7 @@ class Matrix:
         for n in names:
             b = array_stats(off[n], ort_out[n])
             figs[f"ort:{n}"] = _st(b)
-            ok = ok and (is_bitwise(b) if bitwise_ort else fp32_agree(s.policy, feed, n, off[n], ort_out[n])["ok"])
+            ok = ok and (is_bitwise(b) if bitwise_ort else self.agree(ck, feed, off, ort_out, [n]).ok)
         return Outcome(ok, figs)
 
     # --- the cases ------------------------------------------------------------------------

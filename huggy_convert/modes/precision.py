@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import HuggyError
 from ..verify.compare import array_stats
-from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, fp32_agree, g, stats_line, tolerance
+from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, fp32_agree, fp32_reference, g, stats_line, tolerance
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
 
 
@@ -22,6 +22,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
     names = src.spec.deterministic_output_names()
     ref_runner = make_runner(src, "cpu", "float32", runtime)
     ref = ref_runner.deterministic(feed)
+    f64 = fp32_reference(src.policy, feed) if src.policy is not None else None
     r = ModeResult("precision")
     results: List[Dict] = []
     for dev in devices:
@@ -40,8 +41,8 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
             for k in names:
                 s = array_stats(ref[k], got[k])
                 outs[k] = compact_stats(s)
-                if dt == "float32" and src.policy is not None:  # the derived bound: the same rule on every host
-                    j = fp32_agree(src.policy, feed, k, ref[k], got[k])
+                if dt == "float32" and f64 is not None:  # the derived bound: the same rule on every host
+                    j = fp32_agree(f64, k, ref[k], got[k])
                     outs[k]["bound_ratio"] = j.get("ratio")
                     if not j["ok"]:
                         status = FAIL

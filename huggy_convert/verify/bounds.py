@@ -168,6 +168,11 @@ class Reference:
     bounds: Dict[str, np.ndarray]
     logits: Dict[int, Bounded]
 
+    def rows(self, n: int) -> "Reference":
+        """The first ``n`` rows (rows are independent: the reference of a feed's first ``n`` rows)."""
+        return Reference({k: v[:n] for k, v in self.values.items()}, {k: v[:n] for k, v in self.bounds.items()},
+                         {b: Bounded(lg.v[:n], lg.err[:n]) for b, lg in self.logits.items()})
+
 
 class Float64Policy:
     """The policy's float32 tensors in float64, prepared once; :meth:`forward` runs the float64

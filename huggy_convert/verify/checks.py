@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from .. import contract as C
 from ..converter import Checkpoint, Policy
 from ..converter.reference import (compare_divisor, divisor_initializers, divisor_problem, divisor_record,
-                                   policy_ieee_divisors)
+                                   policy_ieee_divisors, ulp_problem)
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats
 from .report import FAIL, PASS, SKIP, WARN, Check
 
@@ -102,10 +102,10 @@ def check_divisor_tensors(policy: Policy, bad: List[str]) -> str:
             continue
         cmp = compare_divisor(got, want)
         differs += cmp["differs"]
-        if cmp["differs"] and (not adopted or cmp["max_ulp"] > 1):
-            w = cmp["worst"]
-            bad.append(f"{C.c_divisor(i)}[{w['index']}] is {w['official']!r}, IEEE sqrt(variance/steps) is "
-                       f"{w['ieee']!r} ({w['ulp']} ulp)" + ("" if adopted else " and the metadata says IEEE"))
+        p = ulp_problem(cmp, C.c_divisor(i), "IEEE sqrt(variance/steps)", 1 if adopted else 0,
+                        "" if adopted else "the metadata says IEEE")
+        if p:
+            bad.append(p)
     if adopted:
         return f"adopted from the official ONNX ({differs} element(s) 1 ulp from IEEE)"
     return "IEEE (recomputed: bitwise equal)" if not differs else "NOT the IEEE value"
@@ -168,16 +168,10 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
         rb = compare_divisor(reb[i], off[i])
         f["rebuilt_vs_official"] = rb
         figures[f"obs_{i}"] = f
-        if rb.get("max_ulp") is None or rb["max_ulp"] > 1:
-            name = divisor_initializers(ours).get(i, "divisor")
-            if rb.get("max_ulp") is None:
-                problems.append(f"obs_{i}: rebuilt {name} has shape {rb['shape_mismatch'][1]}, the official's "
-                                f"{rb['shape_mismatch'][0]}")
-            else:
-                w = rb["worst"]
-                problems.append(f"obs_{i}: rebuilt {name}[{w['index']}] is {w['official']!r} ({w['official_bits']}), "
-                                f"the official's {w['ieee']!r} ({w['ieee_bits']}): {w['ulp']} ulp apart "
-                                f"({rb['differs']}/{rb['count']} elements differ; at most 1 ulp is another CPU's sqrt)")
+        p = ulp_problem(rb, f"obs_{i}: rebuilt {divisor_initializers(ours).get(i, 'divisor')}", "the official's", 1,
+                        "at most 1 ulp is another CPU's sqrt")
+        if p:
+            problems.append(p)
             continue
         n_off = f.get("official_vs_ieee", {}).get("differs", 0)
         where = f" at {f['official_vs_ieee']['indices']}" if n_off else ""

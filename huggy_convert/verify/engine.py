@@ -146,7 +146,9 @@ class Context:
     """What checks 2-4 share for one policy: the rebuilt ONNX's sessions, the feeds (seeded probes,
     plus the golden inputs ML-Agents' generator wrote beside an official file), the injected noise,
     the reference outputs (onnxruntime on the official file, or a golden file) and the float64
-    references (bounds.reference_forward, computed once per policy and feed)."""
+    references (bounds.Float64Policy, weights prepared once; one forward per role and feed). The roles:
+    ``ours`` (the policy), ``official`` (the policy dividing by the official ONNX's divisors: the
+    same policy unless ``--divisor ieee`` kept IEEE against an official 1 ulp away)."""
 
     def __init__(self, policy: Policy, rebuilt: onnx.ModelProto, o: "VerifyOptions"):
         spec = policy.spec
@@ -158,10 +160,15 @@ class Context:
         self.noises = {"probes": noise} if noise is not None else {}
         self.ref_name = None
         self.run_ref = self.run_ref_noise = self.fallback = None
-        self.off_policy = policy  # the policy the reference computes (the official's own divisors)
+        self.policies = {"ours": policy, "official": policy}
+        self._prepared: Dict[str, Float64Policy] = {}
         self._refs: Dict[tuple, object] = {}
-        self._f64: Dict[int, tuple] = {}  # id(policy) -> (policy, Float64Policy): weights prepared once
         self.rebuilt = rebuilt
+
+    @property
+    def divisors_differ(self) -> bool:
+        """The official ONNX divides by other divisors than the policy (1 ulp apart, by request)."""
+        return self.policies["official"] is not self.policy
 
     def run_ours(self, feed):
         return ort_run(self.ours_sess, feed)
@@ -169,22 +176,26 @@ class Context:
     def run_ours_noise(self, feed):
         return ort_run(self.ours_noise, feed)
 
-    def prepared(self, pol: Policy) -> Float64Policy:
-        if id(pol) not in self._f64:
-            self._f64[id(pol)] = (pol, Float64Policy(pol))  # the policy is kept: its id stays its own
-        return self._f64[id(pol)][1]
+    def prepared(self, role: str) -> Float64Policy:
+        if role not in self._prepared:
+            pol = self.policies[role]
+            same = next((r for r, p in self.policies.items() if p is pol and r in self._prepared), None)
+            self._prepared[role] = self._prepared[same] if same else Float64Policy(pol)
+        return self._prepared[role]
 
-    def reference(self, pol: Policy, feed_name: str, feed, with_noise: bool):
-        key = (id(pol), feed_name, with_noise)
+    def reference(self, role: str, feed_name: str, with_noise: bool = False):
+        """The float64 reference of ``role`` on feed ``feed_name`` (with its injected noise)."""
+        key = (self.prepared(role), feed_name, with_noise)
         if key not in self._refs:
-            self._refs[key] = self.prepared(pol).forward(feed, self.noises.get(feed_name) if with_noise else None)
+            noise = self.noises.get(feed_name) if with_noise else None
+            self._refs[key] = self.prepared(role).forward(self.feeds[feed_name], noise)
         return self._refs[key]
 
-    def judge_pair(self, pol_a: Policy, pol_b: Policy):
+    def judge_pair(self, role_a: str, role_b: str):
+        """check_outputs' fallback: two float32 results of the roles' references, by the derived bound."""
         def judge(feed_name, feed, name, a, b):
             w = name == C.OUT_CONT
-            return within_both(self.reference(pol_a, feed_name, feed, w), self.reference(pol_b, feed_name, feed, w),
-                               name, a, b)
+            return within_both(self.reference(role_a, feed_name, w), self.reference(role_b, feed_name, w), name, a, b)
         return judge
 
     def use_official(self, official: onnx.ModelProto, official_path: Optional[Path], subject: str,
@@ -194,12 +205,11 @@ class Context:
         policy, spec, out = self.policy, self.policy.spec, []
         self.ref_name = f"official {official_path.name if official_path else 'ONNX'}"
         out.append(K.check_onnx_structure(self.rebuilt, official, subject, self.ref_name, policy=policy))
-        off_div = official_divisors(official)
-        if spec.normalize and any(C.c_divisor(i) in policy.tensors and off_div[i].shape == policy.divisor(i).shape
-                                  and off_div[i].tobytes() != policy.divisor(i).tobytes() for i in off_div):
-            self.off_policy = _with_divisors(policy, off_div)
+        theirs = _with_divisors(policy, official_divisors(official)) if spec.normalize else policy
+        if any(theirs.tensors[k].tobytes() != policy.tensors[k].tobytes() for k in policy.tensors):
+            self.policies["official"] = theirs
             if not bitwise:
-                self.fallback = ("the divisors differ by 1 ulp: --divisor ieee", self.judge_pair(policy, self.off_policy))
+                self.fallback = ("the divisors differ by 1 ulp: --divisor ieee", self.judge_pair("ours", "official"))
         try:
             off_sess = ort_session(official.SerializeToString())
             off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
@@ -233,7 +243,7 @@ class Context:
                          f"this is {describe_host(here)}: outputs that are not bitwise are judged by the derived bound")
         if gh is None or not same_arithmetic(gh, here):
             self.fallback = ("golden written on another host" if gh is not None else "golden of an unknown host",
-                             self.judge_pair(self.policy, self.policy))
+                             self.judge_pair("ours", "ours"))
         self.feeds = {"golden": golden["inputs"]}
         self.noises = {"golden": golden["noise"]["probes"]} if golden["noise"] else {}
         self.run_ref = lambda name, feed: golden["outputs"]  # noqa: E731
@@ -300,31 +310,30 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     # 3
     if not any(c.title.startswith("3 ") for c in rep.checks):
         rep.checks.append(ctx.check_outputs())
-    feeds, noises, run_ref, run_ref_noise = ctx.feeds, ctx.noises, ctx.run_ref, ctx.run_ref_noise
-    run_ours, run_ours_noise, ref_name, off_policy = ctx.run_ours, ctx.run_ours_noise, ctx.ref_name, ctx.off_policy
-    reference = ctx.reference
+    run_ref, run_ref_noise = ctx.run_ref, ctx.run_ref_noise
 
     # 4: every runtime against the float64 reference of the canonical tensors
-    main_feed_name = next(iter(feeds))
-    main_feed = feeds[main_feed_name]
-    main_noise = noises.get(main_feed_name)
-    ref = reference(policy, main_feed_name, main_feed, False)
-    ref_n = reference(policy, main_feed_name, main_feed, True) if main_noise is not None else None
+    main_feed_name = next(iter(ctx.feeds))
+    main_feed = ctx.feeds[main_feed_name]
+    main_noise = ctx.noises.get(main_feed_name)
+    ref = ctx.reference("ours", main_feed_name)
+    ref_n = ctx.reference("ours", main_feed_name, True) if main_noise is not None else None
+    noised_feed = dict(main_feed, **{C.NOISE_INPUT: main_noise}) if main_noise is not None else None
     zero_feed = {k: np.zeros_like(v) for k, v in main_feed.items()}
     c4 = Check("4 runtimes vs the float64 reference")
 
-    ort_runs = [("onnxruntime: rebuilt ONNX (cpu float32)", run_ours, run_ours_noise if ctx.ours_noise else None,
-                 ref, ref_n)]
+    def ort_check(title, run, run_noise, role):
+        noised = None
+        if run_noise is not None and noised_feed is not None:
+            noised = (lambda: run_noise(noised_feed)[C.OUT_CONT], ctx.reference(role, main_feed_name, True))
+        return K.check_runtime(title, run, ctx.reference(role, main_feed_name), main_feed, "float32", o.atol,
+                               o.cosine, {}, None, o.rtol, noised)
+
+    c4.add(ort_check("onnxruntime: rebuilt ONNX (cpu float32)", ctx.run_ours,
+                     ctx.run_ours_noise if ctx.ours_noise else None, "ours"))
     if official is not None and run_ref is not None:
-        o_ref = reference(off_policy, main_feed_name, main_feed, False)
-        o_ref_n = reference(off_policy, main_feed_name, main_feed, True) if main_noise is not None else None
-        ort_runs.append((f"onnxruntime: {ref_name} (cpu float32)", lambda f: run_ref(main_feed_name, f),
-                         (lambda f: run_ref_noise(main_feed_name, f)) if run_ref_noise else None, o_ref, o_ref_n))
-    for title, run, run_n, r, rn in ort_runs:
-        nz = (run_n, rn) if (run_n is not None and rn is not None) else None
-        c4.add(K.check_runtime(title, run, r, main_feed, "float32", o.atol, o.cosine, {}, None, o.rtol,
-                               (lambda fn=run_n: fn(dict(main_feed, **{C.NOISE_INPUT: main_noise}))[C.OUT_CONT], rn)
-                               if nz else None))
+        c4.add(ort_check(f"onnxruntime: {ctx.ref_name} (cpu float32)", lambda f: run_ref(main_feed_name, f),
+                         (lambda f: run_ref_noise(main_feed_name, f)) if run_ref_noise else None, "official"))
     cpu32 = None  # the cpu float32 module, reused by the fingerprints
     for dev in devices:
         for dt in o.dtypes:
@@ -375,11 +384,11 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
         cpu32 = module_runner(build_module(policy, "cpu", "float32"))
     fps = {}
     for steps in o.fingerprint_steps:
-        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared(policy))
+        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared("ours"))
         a = K.fingerprint(cpu32, policy, steps, o.seed)
         b = K.fingerprint(cpu32, policy, steps, o.seed)
-        ra = K.fingerprint(run_ours, policy, steps, o.seed)
-        rb = K.fingerprint(run_ours, policy, steps, o.seed)
+        ra = K.fingerprint(ctx.run_ours, policy, steps, o.seed)
+        rb = K.fingerprint(ctx.run_ours, policy, steps, o.seed)
         fps[steps] = {"reference": f, "torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
         ok = a == b and ra == rb
         c5.add(Check(f"{steps} steps", PASS if ok else FAIL,
@@ -401,12 +410,12 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     if write_golden is not None:
         # the official's outputs where the rebuilt ONNX must reproduce them bitwise; the rebuilt's own
         # where it divides by another divisor (--divisor ieee) or there is no official file
-        official_golden = official is not None and run_ref is not None and off_policy is policy
-        full_ref = run_ref(main_feed_name, main_feed) if official_golden else run_ours(main_feed)
+        official_golden = official is not None and run_ref is not None and not ctx.divisors_differ
+        full_ref = run_ref(main_feed_name, main_feed) if official_golden else ctx.run_ours(main_feed)
         ref_noised = None
         if main_noise is not None:
-            rn = run_ref_noise if official_golden and run_ref_noise is not None else (lambda n, f: run_ours_noise(f))
-            ref_noised = rn(main_feed_name, dict(main_feed, **{C.NOISE_INPUT: main_noise}))[C.OUT_CONT]
+            rn = run_ref_noise if official_golden and run_ref_noise is not None else (lambda n, f: ctx.run_ours_noise(f))
+            ref_noised = rn(main_feed_name, noised_feed)[C.OUT_CONT]
         atomic_write_bytes(write_golden, golden_bytes(main_feed, full_ref, main_noise, ref_noised))
     return rep
 
