@@ -1,5 +1,5 @@
-"""The contract with ML-Agents and Unity: every checkpoint key, every ONNX tensor name and
-every canonical tensor name lives here and nowhere else.
+"""ML-Agents' side of the contract: checkpoint keys (with their compiled patterns), run-directory
+names and the computation's constants.
 
 Read from ML-Agents 1.1.0 (``mlagents/trainers/torch_entities/networks.py``, ``encoders.py``,
 ``distributions.py``, ``model_serialization.py`` and ``model_saver/torch_model_saver.py``).
@@ -7,6 +7,7 @@ Read from ML-Agents 1.1.0 (``mlagents/trainers/torch_entities/networks.py``, ``e
 from __future__ import annotations
 
 import re
+
 
 # --- checkpoint top level (torch_model_saver: {name: module.state_dict()}) -------------
 CKPT_POLICY = "Policy"
@@ -64,23 +65,13 @@ UNSUPPORTED_PATTERNS = (
     (re.compile(r"_body_endoder\.(conditional|hyper)|hypernet"), "goal-conditioned (hypernetwork) bodies"),
 )
 
-# --- The ONNX contract with Unity (TensorNames) -----------------------------------------
-OBS_INPUT = "obs_{i}"
-ACTION_MASKS = "action_masks"
-RECURRENT_IN = "recurrent_in"
-OUT_VERSION = "version_number"
-OUT_MEMORY = "memory_size"
-OUT_CONT = "continuous_actions"
-OUT_CONT_SHAPE = "continuous_action_output_shape"
-OUT_CONT_DET = "deterministic_continuous_actions"
-OUT_DISC = "discrete_actions"
-OUT_DISC_SHAPE = "discrete_action_output_shape"
-OUT_DISC_DET = "deterministic_discrete_actions"
-RECURRENT_OUT = "recurrent_out"
-NOISE_INPUT = "epsilon"  # only in our --noise-input variant: the RandomNormalLike draw as an input
-BATCH_DIM = "batch"
-ONNX_OPSET_DEFAULT = 9
-ONNX_OPSETS = tuple(range(9, 16))  # Barracuda: 9; Sentis: 7-15; Ascend ATC: 9-13 (CANN 5/6), 9-18 (CANN 7)
+# Compiled patterns of the keys above (converter.mapping accounts for every key with them).
+NORM_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.normalizer\.(\w+)$")
+NORM_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.normalizer\.(\w+)$")
+BODY_RE = re.compile(r"^network_body\._body_endoder\.seq_layers\.(\d+)\.(weight|bias)$")
+BRANCH_RE = re.compile(r"^action_model\._discrete_distribution\.branches\.(\d+)\.(weight|bias)$")
+LSTM_PREFIX = "network_body.lstm."
+NORMALIZER_INFIX = ".normalizer."  # in every normalizer key (a checkpoint with normalize: false has none)
 
 # --- The computation's constants --------------------------------------------------------
 NORM_CLIP = 5.0
@@ -89,45 +80,3 @@ SAC_LOG_SIGMA_MIN = -20.0
 SAC_LOG_SIGMA_MAX = 2.0
 MASK_PENALTY = 1e8
 EPSILON = 1e-7
-
-# --- Canonical tensor names in our safetensors ------------------------------------------
-def c_norm(i: int, field: str) -> str:
-    return f"obs.{i}.normalizer.{ {'normalization_steps': 'steps', 'running_mean': 'mean', 'running_variance': 'variance'}[field] }"
-
-
-def c_divisor(i: int) -> str:
-    """The folded divisor ``sqrt(variance / steps)`` the artifacts divide by (IEEE, or adopted from the
-    official ONNX: see numerics.ieee_divisor and converter.reference)."""
-    return f"obs.{i}.normalizer.divisor"
-
-
-def c_body(layer: int, p: str) -> str:
-    return f"body.{layer}.{p}"
-
-
-def c_lstm(p: str) -> str:
-    return f"lstm.{p}"
-
-
-C_MU_W = "continuous.mu.weight"
-C_MU_B = "continuous.mu.bias"
-C_LOG_SIGMA = "continuous.log_sigma"  # PPO parameter [1, A]
-C_LOG_SIGMA_W = "continuous.log_sigma.weight"  # SAC
-C_LOG_SIGMA_B = "continuous.log_sigma.bias"
-
-
-def c_branch(b: int, p: str) -> str:
-    return f"discrete.{b}.{p}"
-
-
-def c_const(key: str) -> str:
-    return f"const.{key}"
-
-
-FORMAT_NAME = "huggy-convert/policy"
-FORMAT_VERSION = "2"  # 2 adds obs.{i}.normalizer.divisor and the "divisor" metadata
-FORMAT_VERSIONS_READ = ("1", "2")  # a version-1 file gets the IEEE divisor when read
-MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see converter.reference)
-ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
-DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never
-FLOAT32_EXACT_INT_LIMIT = 2 ** 24

@@ -1,0 +1,43 @@
+"""Our own side: canonical tensor names in the safetensors policy and the format's metadata."""
+from __future__ import annotations
+
+def c_norm(i: int, field: str) -> str:
+    return f"obs.{i}.normalizer.{ {'normalization_steps': 'steps', 'running_mean': 'mean', 'running_variance': 'variance'}[field] }"
+
+
+def c_divisor(i: int) -> str:
+    """The folded divisor ``sqrt(variance / steps)`` the artifacts divide by (IEEE, or adopted from the
+    official ONNX: see numerics.ieee_divisor and converter.reference)."""
+    return f"obs.{i}.normalizer.divisor"
+
+
+def c_body(layer: int, p: str) -> str:
+    return f"body.{layer}.{p}"
+
+
+def c_lstm(p: str) -> str:
+    return f"lstm.{p}"
+
+
+C_MU_W = "continuous.mu.weight"
+C_MU_B = "continuous.mu.bias"
+C_LOG_SIGMA = "continuous.log_sigma"  # PPO parameter [1, A]
+C_LOG_SIGMA_W = "continuous.log_sigma.weight"  # SAC
+C_LOG_SIGMA_B = "continuous.log_sigma.bias"
+
+
+def c_branch(b: int, p: str) -> str:
+    return f"discrete.{b}.{p}"
+
+
+def c_const(key: str) -> str:
+    return f"const.{key}"
+
+
+FORMAT_NAME = "huggy-convert/policy"
+FORMAT_VERSION = "2"  # 2 adds obs.{i}.normalizer.divisor and the "divisor" metadata
+FORMAT_VERSIONS_READ = ("1", "2")  # a version-1 file gets the IEEE divisor when read
+MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see converter.reference)
+ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
+DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never
+FLOAT32_EXACT_INT_LIMIT = 2 ** 24

@@ -1,0 +1,35 @@
+"""Unity's side of the contract: the ONNX tensor names Barracuda/Sentis bind to (ML-Agents'
+``TensorNames``), the node scopes and initializer names ML-Agents' exporter gives, and the opsets."""
+from __future__ import annotations
+
+# --- The ONNX contract with Unity (TensorNames) -----------------------------------------
+OBS_INPUT = "obs_{i}"
+ACTION_MASKS = "action_masks"
+RECURRENT_IN = "recurrent_in"
+OUT_VERSION = "version_number"
+OUT_MEMORY = "memory_size"
+OUT_CONT = "continuous_actions"
+OUT_CONT_SHAPE = "continuous_action_output_shape"
+OUT_CONT_DET = "deterministic_continuous_actions"
+OUT_DISC = "discrete_actions"
+OUT_DISC_SHAPE = "discrete_action_output_shape"
+OUT_DISC_DET = "deterministic_discrete_actions"
+RECURRENT_OUT = "recurrent_out"
+NOISE_INPUT = "epsilon"  # only in our --noise-input variant: the RandomNormalLike draw as an input
+BATCH_DIM = "batch"
+ONNX_OPSET_DEFAULT = 9
+ONNX_OPSETS = tuple(range(9, 16))  # Barracuda: 9; Sentis: 7-15; Ascend ATC: 9-13 (CANN 5/6), 9-18 (CANN 7)
+
+# Node scopes of ML-Agents' export (torch.onnx names nodes by module path); our rebuilt graph uses the same.
+SCOPE_NORMALIZER = "/network_body/observation_encoder/processors.{i}/normalizer"
+SCOPE_OBS_ENCODER = "/network_body/observation_encoder"
+SCOPE_BODY_LAYER = "/network_body/_body_endoder/seq_layers/seq_layers.{j}"
+SCOPE_BODY_MARK = "_body_endoder"  # in the name of every body Gemm
+SCOPE_NETWORK_BODY = "/network_body"
+SCOPE_LSTM = "/network_body/lstm"
+SCOPE_LSTM_CELL = "/network_body/lstm/lstm"
+SCOPE_CONTINUOUS = "/_continuous_distribution"
+SCOPE_DISCRETE = "/_discrete_distribution"
+SCOPE_LOG_SIGMA_MARK = "log_sigma"  # in the name of the SAC log_sigma Gemm
+LSTM_INIT = "network_body.lstm.lstm.{p}"  # W, R, B: the LSTM's ONNX initializers
+NORM_DIVISOR_INIT = "network_body.observation_encoder.processors.{i}.normalizer.divisor"
