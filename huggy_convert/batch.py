@@ -25,22 +25,22 @@ Verification profile
     options: 64 probe rows, float32/float16/bfloat16 module checks, the ``.pt2`` reloaded with
     ``torch.export.load``, 64- and 128-step fingerprints). Every other checkpoint gets the batch
     profile: checks 1-3 in full (check 3 on 16 probe rows plus ML-Agents' golden inputs when
-    present), check 4 with the module in float32 on the CPU and on every accelerator present,
-    and the saved ``.pt2`` run with the weights read back from the file in the graph that
-    ``torch.export.load`` gave for the architecture (loaded once per architecture and worker;
-    the rest of the archive is checked byte for byte against that program), check 5 with
-    16-step fingerprints. The manifest records which profile each entry got. (The newest runs alone
-    after the others: torch.export.load is not thread-safe.)
+    present), check 4 with the module in float32 on the CPU and on every accelerator present
+    (the ``.pt2`` is run through ``torch.export.load`` for the newest checkpoint only: ~110 ms a
+    file, and not thread-safe; check 6 compares every ``.pt2`` read back with the bytes written),
+    check 5 with 16-step fingerprints. The manifest records which profile each entry got. (The
+    newest runs alone after the others.) Each checkpoint goes through ``pipeline.convert_one``,
+    as a single conversion does: the verification reads the files it wrote.
 
 Speed and memory
     One process, a thread pool (``--jobs``, default: the cores) with one torch thread per worker.
     hashlib, zlib, file I/O, onnxruntime and torch kernels release the GIL; torch.load's
     weights-only unpickler, ONNX building and most of verification are Python and hold it, so a
     second worker gains little on a Huggy-size policy. A checkpoint is read once (hashed
-    and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture;
-    later checkpoints of that architecture get the traced archive with their weight records
-    replaced (CRCs and serialization id recomputed), which is checked once per architecture to be
-    byte-identical to ``torch.export.save`` and otherwise falls back to it. Nothing of a finished
+    and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture
+    and the graph is serialized once (``exporters.pt2.ProgramWriter(fast=True)``: torch's own
+    archive writer, checked once per architecture to give ``torch.export.save``'s bytes, else
+    ``torch.export.save`` itself). Nothing of a finished
     checkpoint stays in memory but its manifest entry; at most ``2 x jobs`` are in flight.
 
 Idempotent and resumable
@@ -64,30 +64,28 @@ import hashlib
 import io
 import json
 import os
-import struct
 import sys
-import threading
 import time
 import warnings
-import zlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import click
 
 from . import __version__
+from .artifacts import SUFFIXES
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
-from .host import host_info
+from .converter.reference import divisor_record
 from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
+from .exporters.pt2 import EXPORT_GATE, ProgramWriter
+from .host import host_info
+from .pipeline import ConvertOptions, convert_one
 from .rundir import STATUS_FILE, Item, discover
-from .pipeline import (SUFFIX_GOLDEN, SUFFIX_ONNX, SUFFIX_POLICY, SUFFIX_PROGRAM, SUFFIX_REPORT, ConvertOptions,
-                       default_reference, prepare_conversion)
+from .verify.engine import CHECK_IDS
 
 MANIFEST_JSON = "manifest.json"
 MANIFEST_CSV = "manifest.csv"
@@ -103,8 +101,7 @@ except ValueError:
 # entry status (what the out directory holds) and what this run did with it
 OK, VERIFY_FAILED, ERROR, MISSING, SAME_AS = "ok", "verify_failed", "error", "missing", "same_as"
 CONVERTED, SKIPPED, FAILED, CHECKED = "converted", "skipped", "failed", "checked"
-KINDS = (("safetensors", SUFFIX_POLICY), ("onnx", SUFFIX_ONNX), ("pt2", SUFFIX_PROGRAM),
-         ("report", SUFFIX_REPORT), ("golden", SUFFIX_GOLDEN))
+KINDS = tuple(SUFFIXES.items())
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -146,317 +143,6 @@ def _sha_file(path: Path) -> Optional[str]:
         return None
 
 
-# --- the .pt2 program: traced once per architecture, weight records swapped afterwards -----------
-class _NotPatchable(Exception):
-    pass
-
-
-def _hash_combine(seed: int, value: int) -> int:
-    """c10::hash_combine on a 64-bit size_t (PyTorchStreamWriter's serialization id)."""
-    m = (1 << 64) - 1
-    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & m) + (seed >> 2)) & m)) & m
-
-
-class ProgramTemplate:
-    """A ``torch.export.save`` archive whose stored weight records can be replaced in place.
-
-    The archive is a zip of stored (uncompressed) records with data descriptors. Replacing a
-    record of the same size changes only its bytes, its CRC-32 (data descriptor and central
-    directory) and ``.data/serialization_id`` (a 20-digit hash of the record names followed by
-    the 20-digit ``hash_combine`` of every record's CRC-32)."""
-
-    _FLOAT32 = 7  # torch._export.serde.schema.ScalarType.FLOAT
-
-    def __init__(self, data: bytes):
-        self.data = data
-        self.records: List[dict] = []  # in write order: name, off, size, crc, crc_at (positions)
-        self._parse()
-        byname = {r["name"]: r for r in self.records}
-        sid = [r for r in self.records if r["name"].endswith("/.data/serialization_id")]
-        if len(sid) != 1 or self.records[-1] is not sid[0]:
-            raise _NotPatchable("no serialization id record at the end")
-        self.sid = sid[0]
-        text = self._bytes(self.sid).decode("ascii", "replace")
-        if len(text) != 40 or not text.isdigit():
-            raise _NotPatchable(f"unexpected serialization id {text!r}")
-        self.sid_prefix = text[:20]
-        if f"{self._combined([r['crc'] for r in self.records[:-1]]):020d}" != text[20:]:
-            raise _NotPatchable("serialization id is not the combined CRC of the records")
-        root = self.sid["name"][:-len(".data/serialization_id")]
-        self.weights: Dict[str, dict] = {}  # fqn -> record (+ shape)
-        for folder, cfg_name in (("data/weights/", "model_weights_config.json"),
-                                 ("data/constants/", "model_constants_config.json")):
-            cfg_rec = byname.get(root + folder + cfg_name)
-            if cfg_rec is None:
-                raise _NotPatchable(f"no {folder}{cfg_name}")
-            cfg = json.loads(self._bytes(cfg_rec)).get("config", {})
-            for fqn, e in cfg.items():
-                meta = e.get("tensor_meta") or {}
-                rec = byname.get(root + folder + str(e.get("path_name")))
-                sizes = [s.get("as_int") for s in meta.get("sizes", [])]
-                if (rec is None or e.get("use_pickle") or meta.get("dtype") != self._FLOAT32
-                        or (meta.get("storage_offset") or {}).get("as_int", 0) != 0
-                        or any(not isinstance(s, int) for s in sizes) or rec["size"] != 4 * _prod(sizes)):
-                    raise _NotPatchable(f"record of {fqn!r} is not a plain float32 tensor")
-                self.weights[fqn] = dict(rec, shape=tuple(sizes))
-
-    @staticmethod
-    def _combined(crcs) -> int:
-        seed = 0
-        for c in crcs:
-            seed = _hash_combine(seed, c)
-        return seed
-
-    def _bytes(self, rec, data=None) -> bytes:
-        return bytes((data if data is not None else self.data)[rec["off"]:rec["off"] + rec["size"]])
-
-    def _parse(self) -> None:
-        d = self.data
-        eocd = d.rfind(b"PK\x05\x06")
-        if eocd < 0:
-            raise _NotPatchable("not a zip")
-        n, _, cd_off = struct.unpack_from("<HII", d, eocd + 10)
-        if n == 0xFFFF or cd_off == 0xFFFFFFFF:  # zip64 end record: read the real values
-            loc = d.rfind(b"PK\x06\x07", 0, eocd)
-            z64 = struct.unpack_from("<Q", d, loc + 8)[0] if loc >= 0 else -1
-            if z64 < 0 or d[z64:z64 + 4] != b"PK\x06\x06":
-                raise _NotPatchable("bad zip64 end record")
-            n, _, cd_off = struct.unpack_from("<QQQ", d, z64 + 32)
-        p = cd_off
-        for _ in range(n):
-            if d[p:p + 4] != b"PK\x01\x02":
-                raise _NotPatchable("bad central directory")
-            flags, method = struct.unpack_from("<HH", d, p + 8)
-            crc, csize, usize = struct.unpack_from("<III", d, p + 16)
-            fl, el, cl = struct.unpack_from("<HHH", d, p + 28)
-            lho = struct.unpack_from("<I", d, p + 42)[0]
-            name = d[p + 46:p + 46 + fl].decode("utf-8")
-            if method != 0 or csize != usize or 0xFFFFFFFF in (csize, usize, lho):
-                raise _NotPatchable(f"record {name} is compressed or zip64")
-            if d[lho:lho + 4] != b"PK\x03\x04":
-                raise _NotPatchable("bad local header")
-            lfl, lel = struct.unpack_from("<HH", d, lho + 26)
-            off = lho + 30 + lfl + lel
-            crc_at = [p + 16]
-            if struct.unpack_from("<I", d, lho + 14)[0] == crc:
-                crc_at.append(lho + 14)
-            if flags & 0x8:
-                dd = off + usize
-                dd += 4 if d[dd:dd + 4] == b"PK\x07\x08" else 0
-                if struct.unpack_from("<I", d, dd)[0] != crc:
-                    raise _NotPatchable("bad data descriptor")
-                crc_at.append(dd)
-            if zlib.crc32(d[off:off + usize]) != crc:
-                raise _NotPatchable(f"CRC of {name} does not match")
-            self.records.append({"name": name, "off": off, "size": usize, "crc": crc, "crc_at": crc_at,
-                                 "index": len(self.records)})
-            p += 46 + fl + el + cl
-        self.records.sort(key=lambda r: r["off"])
-        for i, r in enumerate(self.records):
-            r["index"] = i
-
-    def patch(self, tensors: Dict[str, bytes]) -> bytes:
-        """The archive with each weight record replaced by ``tensors[fqn]`` (same size)."""
-        if set(tensors) != set(self.weights):
-            raise _NotPatchable(f"tensors {sorted(set(tensors) ^ set(self.weights))} differ from the program's")
-        buf = bytearray(self.data)
-        crcs = [r["crc"] for r in self.records]
-        for fqn, rec in self.weights.items():
-            b = tensors[fqn]
-            if len(b) != rec["size"]:
-                raise _NotPatchable(f"{fqn}: {len(b)} bytes, the program stores {rec['size']}")
-            buf[rec["off"]:rec["off"] + rec["size"]] = b
-            c = zlib.crc32(b)
-            crcs[rec["index"]] = c
-            for at in rec["crc_at"]:
-                struct.pack_into("<I", buf, at, c)
-        sid = (self.sid_prefix + f"{self._combined(crcs[:-1]):020d}").encode("ascii")
-        buf[self.sid["off"]:self.sid["off"] + 40] = sid
-        for at in self.sid["crc_at"]:
-            struct.pack_into("<I", buf, at, zlib.crc32(sid))
-        return bytes(buf)
-
-    def read_weights(self, data: bytes) -> Dict[str, "object"]:
-        """float32 arrays of the weight records of an archive with this template's layout."""
-        import numpy as np
-
-        return {fqn: np.frombuffer(data, np.float32, count=rec["size"] // 4, offset=rec["off"]).reshape(rec["shape"])
-                for fqn, rec in self.weights.items()}
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
-
-
-def _module_tensor_bytes(policy) -> Dict[str, bytes]:
-    """The float32 bytes of the module's state dict (what torch.export stores for the program)."""
-
-    from .exporters.torch_module import build_module
-
-    module = build_module(policy, "cpu", "float32")
-    return {k: v.detach().contiguous().cpu().numpy().tobytes() for k, v in module.state_dict().items()}
-
-
-class Gate:
-    """Workers compute under a shared hold; torch.export (trace, save, load) runs alone.
-
-    torch.export is not thread-safe (its deserializer is a module global, and tracing swaps
-    global state), so each use waits until no worker computes, and workers wait for it. A worker
-    that needs it gives up its own shared hold meanwhile (no deadlock between two of them)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-        self._local = threading.local()
-
-    @contextmanager
-    def shared(self):
-        with self._cond:
-            while self._exclusive or self._waiting:
-                self._cond.wait()
-            self._shared += 1
-        self._local.held = True
-        try:
-            yield
-        finally:
-            self._local.held = False
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self):
-        held = getattr(self._local, "held", False)
-        with self._cond:
-            if held:
-                self._shared -= 1
-                self._cond.notify_all()
-            self._waiting += 1
-            while self._exclusive or self._shared:
-                self._cond.wait()
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-                if held:
-                    while self._exclusive or self._waiting:
-                        self._cond.wait()
-                    self._shared += 1
-
-
-class Programs:
-    """``.pt2`` bytes per checkpoint: torch.export traced once per architecture (thread-safe)."""
-
-    def __init__(self, gate: Optional[Gate] = None):
-        self.gate = gate or Gate()
-        self._state: Dict[object, dict] = {}  # spec -> {template, cache, checked}
-        self._local = threading.local()
-        self.notes: List[str] = []
-
-    def program(self, policy) -> bytes:
-        from .pipeline import program_bytes
-
-        spec = policy.spec
-        st = self._state.get(spec)
-        if st is None or not st["checked"] or st["template"] is None:
-            with self.gate.exclusive():
-                st = self._state.get(spec)
-                if st is None:  # first of its architecture: trace (the only torch.export of that spec)
-                    cache: dict = {}
-                    data = program_bytes(policy, cache)
-                    try:
-                        tmpl = ProgramTemplate(data)
-                    except _NotPatchable as exc:
-                        tmpl = None
-                        self.notes.append(f"{spec.family}: .pt2 weights are not swappable in place ({exc}); "
-                                          "every .pt2 saved with torch.export.save")
-                    self._state[spec] = {"template": tmpl, "cache": cache, "checked": tmpl is None}
-                    return data
-                if not st["checked"]:  # second: the swapped archive must equal torch.export.save's bytes
-                    real = program_bytes(policy, st["cache"])
-                    try:
-                        ok = st["template"].patch(_module_tensor_bytes(policy)) == real
-                    except _NotPatchable:
-                        ok = False
-                    if not ok:
-                        st["template"] = None
-                        self.notes.append(f"{spec.family}: swapping .pt2 weights did not reproduce "
-                                          "torch.export.save; every .pt2 saved with torch.export.save")
-                    else:
-                        st["cache"] = None  # the traced program is no longer needed
-                    st["checked"] = True
-                    return real
-                if st["template"] is None:
-                    return program_bytes(policy, st["cache"])  # the slow path
-        return st["template"].patch(_module_tensor_bytes(policy))
-
-    def template(self, spec) -> Optional[ProgramTemplate]:
-        st = self._state.get(spec)
-        return st["template"] if st else None
-
-    def check_module(self, spec, path: Path):
-        """A module for check 4: the program graph (torch.export.load, once per architecture and
-        thread) run with the weights read back from ``path``; raises when run if the archive is not
-        the architecture's program with other weights."""
-        import torch
-
-
-        tmpl = self.template(spec)
-        cache = self._local.__dict__.setdefault("programs", {})
-        gm = cache.get(spec)
-        if gm is None:
-            with self.gate.exclusive():
-                gm = torch.export.load(io.BytesIO(tmpl.data)).module()
-            cache[spec] = gm
-        data = path.read_bytes()
-        problem = None
-        if len(data) != len(tmpl.data):
-            problem = f"{len(data)} bytes, the architecture's program has {len(tmpl.data)}"
-        else:
-            w = tmpl.read_weights(data)
-            if tmpl.patch({k: v.tobytes() for k, v in w.items()}) != data:
-                problem = "the archive differs from the architecture's program beyond its weight records"
-            else:
-                sd = gm.state_dict()
-                with torch.no_grad():
-                    for k, v in w.items():
-                        sd[k].copy_(torch.from_numpy(v.copy()))
-        return _ProgramCheck(gm, spec.input_names(), spec.deterministic_output_names(), problem)
-
-
-@lru_cache(maxsize=None)
-def _program_check_class():
-    import torch
-
-    class ProgramCheck(torch.nn.Module):
-        """What check 4 runs for a saved program: its graph with the weights read back from its file."""
-
-        def __init__(self, gm, ins, outs, problem):
-            super().__init__()
-            self.gm, self.input_names, self.output_names, self.problem = gm, ins, outs, problem
-            self._pinned: List[str] = []
-
-        def forward(self, *xs):
-            if self.problem:
-                raise ValueError(self.problem)
-            return tuple(self.gm(*xs))
-
-    return ProgramCheck
-
-
-def _ProgramCheck(gm, ins, outs, problem):
-    return _program_check_class()(gm, ins, outs, problem)
-
-
 # --- one checkpoint -----------------------------------------------------------------------------
 def read_checkpoint(path: Path, data: bytes, sha256: str):
     """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once.
@@ -495,7 +181,7 @@ def _key_figures(rep_dict: dict) -> dict:
     """The numbers worth a glance: per-check status, bitwise counts, module max abs, fingerprints."""
     out: dict = {"checks": {}}
     for c in rep_dict.get("checks", []):
-        num = c["title"].split(" ", 1)[0]
+        num = str(CHECK_IDS.index(c["id"]) + 1) if c.get("id") in CHECK_IDS else c["title"].split(" ", 1)[0]
         out["checks"][num] = c["status"]
         kids = c.get("checks", [])
         if num == "1" and c.get("figures"):
@@ -520,6 +206,8 @@ def _key_figures(rep_dict: dict) -> dict:
         elif num == "5":
             fps = (c.get("figures") or {}).get("fingerprints", {})
             out["fingerprints"] = {str(s): v.get("reference") for s, v in fps.items()}
+        elif num == "6":
+            out["files"] = {k["title"]: k["status"] for k in kids}
     return out
 
 
@@ -531,7 +219,7 @@ class _Context:
     full: object
     previous: Dict[str, dict]
     force: bool
-    programs: Programs
+    writer: ProgramWriter
 
 
 def _base_entry(item: Item) -> dict:
@@ -572,15 +260,10 @@ def _skipped(entry: dict, prev: dict) -> dict:
 
 
 def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
-    """Convert, export and verify one checkpoint (``ckpt``: already loaded); returns its manifest entry
-    (nothing else is kept)."""
-    from .converter import policy_bytes
-    from .exporters.onnx_export import build_onnx, model_bytes
-    from .verify import verify
-
+    """One checkpoint through ``pipeline.convert_one`` (``ckpt``: already loaded); returns its manifest
+    entry (nothing else is kept)."""
     t0 = time.perf_counter()
     entry = _base_entry(item)
-    o = ctx.options
     try:
         if ckpt is None:
             data = item.path.read_bytes()
@@ -592,56 +275,24 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
                 entry["seconds_this_run"] = round(time.perf_counter() - t0, 3)
                 return entry
             ckpt = read_checkpoint(item.path, data, sha)
+            data = None
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
-        data = None
         entry["global_step"] = ckpt.global_step
-        prep = prepare_conversion(ckpt, default_reference(item.path), o.obs_sizes, o.divisor)
-        official, reference = prep.official, prep.reference
-        policy = prep.conversion.policy
-        spec = policy.spec
+        res = convert_one(item.path, ctx.out, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
+                          profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
+                          fsync=False, suggest_reference=False)
+        spec = res.conversion.policy.spec
+        decision = divisor_record(res.conversion.policy)
         entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
-        entry["reference"] = reference.name if reference else None
-        entry["divisor"] = dict(prep.divisor, summary=describe_divisor(prep.divisor))
-
-        blobs = [("safetensors", SUFFIX_POLICY, policy_bytes(policy.tensors, policy.metadata))]
-        model = build_onnx(policy, opset=o.opset)
-        blobs.append(("onnx", SUFFIX_ONNX, model_bytes(model)))
-        if o.program:
-            blobs.append(("pt2", SUFFIX_PROGRAM, ctx.programs.program(policy)))
-        outputs = {}
-        for kind, suffix, b in blobs:
-            p = ctx.out / f"{item.stem}{suffix}"
-            write_atomic(p, b)
-            outputs[kind] = {"file": p.name, "sha256": hashlib.sha256(b).hexdigest()}
-        blobs = b = None
-        entry["outputs"] = outputs
+        entry["reference"] = res.reference.name if res.reference else None
+        entry["divisor"] = dict(decision, summary=describe_divisor(decision))
+        entry["outputs"] = res.outputs()
         entry["status"] = OK
-        if o.verify:
-            pt2 = ctx.out / f"{item.stem}{SUFFIX_PROGRAM}" if o.program else None
-            extra = []
-            use_engine_pt2 = pt2 is not None and (item.newest or ctx.programs.template(spec) is None)
-            if pt2 is not None and not use_engine_pt2:
-                extra.append((f"saved program {pt2.name} (cpu, weights read back from the file, graph loaded "
-                              "once per architecture)", ctx.programs.check_module(spec, pt2)))
-            golden = ctx.out / f"{item.stem}{SUFFIX_GOLDEN}"
-            with ctx.programs.gate.exclusive() if use_engine_pt2 else nullcontext():  # torch.export.load inside
-                rep = verify(policy, model, subject=f"{item.stem} ({item.path.name})", checkpoint=ckpt,
-                             policy_file_name=f"{item.stem}{SUFFIX_POLICY}", official=official,
-                             official_path=reference, pt2_path=pt2 if use_engine_pt2 else None,
-                             options=ctx.full if item.newest else ctx.light, write_golden=golden, extra_modules=extra)
-            if official is None:
-                rep.notes.insert(0, f"no official ONNX found beside {item.path.name} "
-                                    f"({item.path.with_suffix('.onnx').name})")
-            rep.notes.append(_profile_note(item.newest, ctx))
-            rep_dict = rep.to_dict()
-            text = (json.dumps(rep_dict, indent=2, sort_keys=False) + "\n").encode()
-            rp = ctx.out / f"{item.stem}{SUFFIX_REPORT}"
-            write_atomic(rp, text)
-            outputs["report"] = {"file": rp.name, "sha256": hashlib.sha256(text).hexdigest()}
-            outputs["golden"] = {"file": golden.name, "sha256": _sha_file(golden)}
+        rep = res.report
+        if rep is not None:
             v = {"verdict": rep.verdict, "ok": rep.ok, "first_failure": rep.first_failure()}
-            v.update(_key_figures(rep_dict))
+            v.update(_key_figures(rep.to_dict()))
             entry["verify"] = v
             if not rep.ok:
                 entry["status"] = VERIFY_FAILED
@@ -848,7 +499,8 @@ def batch_profiles(options: ConvertOptions):
 
     full = options.verify_options or VerifyOptions()
     dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
-    light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS)
+    light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS,
+                    program_load=False)
     return light, full
 
 
@@ -891,9 +543,9 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     warns += [warn] if warn else []
     for w in warns:
         click.echo(f"huggy-convert: warning: {w}", err=True)
-    gate = Gate()
-    programs = Programs(gate)
-    ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, programs=programs)
+    writer = ProgramWriter(fast=True)
+    gate = EXPORT_GATE
+    ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, writer=writer)
     manifest = Manifest(out, header)
     for i, it in enumerate(items):
         manifest.order[it.rel] = i
@@ -969,7 +621,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         entries = manifest.sorted_entries()
         summary = _summary(entries, time.perf_counter() - t0, jobs) if len(entries) == len(items) else None
         if summary is not None:
-            summary["warnings"] = warns + programs.notes
+            summary["warnings"] = warns + writer.notes
         manifest.write(summary, csv_too=summary is not None)
     if as_json:
         click.echo(json.dumps(dict(summary, manifest=str(out / MANIFEST_JSON)), indent=2))

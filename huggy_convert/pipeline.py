@@ -6,7 +6,6 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,17 +14,14 @@ from typing import Dict, List, Optional, Sequence
 import onnx
 
 from . import contract as C
-from .converter import Checkpoint, Conversion, atomic_write_bytes, load_checkpoint, policy_bytes, policy_from_checkpoint
+from .artifacts import BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet
+from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
 from .errors import InputError
-from .exporters.onnx_export import build_onnx, model_bytes
+from .exporters.pt2 import ProgramWriter
+from .exporters.registry import EXPORTERS
 
-SUFFIX_POLICY = ".safetensors"
-SUFFIX_ONNX = ".onnx"
-SUFFIX_PROGRAM = ".pt2"
-SUFFIX_REPORT = ".verify.json"
-SUFFIX_GOLDEN = ".golden.npz"
 
 
 @dataclass
@@ -54,6 +50,10 @@ class ConvertResult:
     def ok(self) -> bool:
         return self.report is None or self.report.ok
 
+    def outputs(self) -> Dict[str, Dict[str, str]]:
+        """kind -> {file, sha256} (a batch manifest's record)."""
+        return {k: {"file": a["file"], "sha256": a["sha256"]} for k, a in self.artifacts.items()}
+
     def summary(self) -> Dict[str, object]:
         spec = self.conversion.policy.spec
         decision = divisor_record(self.conversion.policy)
@@ -76,19 +76,15 @@ class ConvertResult:
 
 
 def default_reference(ckpt_path: Path) -> Optional[Path]:
-    """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside checkpoint.pt)."""
-    p = ckpt_path.with_suffix(".onnx")
+    """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt)."""
+    p = ckpt_path.with_suffix(SUFFIXES[ONNX])
     return p if p.is_file() else None
-
-
-def _sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
 
 
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
     """How the observation width splits, from the official ONNX's inputs, for a policy without
     normalizers (``normalize: false`` keeps no per-observation tensors); None otherwise."""
-    if model is None or any(".normalizer." in k for k in ckpt.policy):
+    if model is None or any(C.NORMALIZER_INFIX in k for k in ckpt.policy):
         return None
     sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in model.graph.input
              if d.name.startswith(C.OBS_INPUT.format(i=""))]
@@ -147,42 +143,16 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
-_EXPORT_LOCK = threading.RLock()
-
-
-def program_bytes(policy, cache: Optional[dict] = None) -> bytes:
-    """torch.export program bytes; ``cache`` (spec -> ExportedProgram) lets a batch trace once per
-    architecture and only swap the weights."""
-    import io
-
-    import torch
-
-    from .exporters.torch_module import build_module, export_program
-
-    module = build_module(policy, "cpu", "float32")
-    with _EXPORT_LOCK:  # torch.export is not thread-safe, and a cached program is shared: trace/swap+save alone
-        ep = cache.get(policy.spec) if cache is not None else None
-        if ep is None:
-            ep = export_program(module)
-            if cache is not None:
-                cache[policy.spec] = ep
-        else:
-            sd = module.state_dict()
-            with torch.no_grad():
-                for k, v in ep.state_dict.items():
-                    v.copy_(sd[k])
-                for k, v in ep.constants.items():
-                    if k in sd and isinstance(v, torch.Tensor):
-                        v.copy_(sd[k])
-        buf = io.BytesIO()
-        torch.export.save(ep, buf)
-    return buf.getvalue()
-
-
 def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, checkpoint: Optional[Checkpoint] = None,
-                program_cache: Optional[dict] = None, stem: Optional[str] = None) -> ConvertResult:
-    """Convert one checkpoint into ``out_dir`` and (unless disabled) verify the artifacts."""
-    from .verify import VerifyOptions, verify, write_report
+                writer=None, stem: Optional[str] = None, profile=None, notes: Sequence[str] = (),
+                fsync: bool = True, suggest_reference: bool = True) -> ConvertResult:
+    """load -> map -> export -> write -> verify the written files, into ``out_dir/<stem>.*``.
+
+    ``checkpoint``: already loaded (a batch reads and hashes each file once); ``writer``: the
+    ``.pt2`` writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture);
+    ``profile``: the VerifyOptions (default: the options'); ``notes``: added to the report.
+    Every artifact is built in memory before the first is written, so bad input leaves nothing."""
+    from .verify import Reference, VerifyOptions, verify, write_report
 
     t0 = time.perf_counter()
     o = options or ConvertOptions()
@@ -191,70 +161,60 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
                               o.divisor)
     conv, official, reference = prep.conversion, prep.official, prep.reference
-    stem = stem or src.stem
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
+    arts = ArtifactSet(out, stem or src.stem)
 
-    # build everything in memory, then write
-    blobs = {"safetensors": (SUFFIX_POLICY, policy_bytes(conv.policy.tensors, conv.policy.metadata))}
-    model = build_onnx(conv.policy, opset=o.opset)
-    blobs["onnx"] = (SUFFIX_ONNX, model_bytes(model))
-    if o.program:
-        blobs["pt2"] = (SUFFIX_PROGRAM, program_bytes(conv.policy, program_cache))
-    res = ConvertResult(source=src, out_dir=out, stem=stem, conversion=conv, reference=reference)
-    for kind, (suffix, data) in blobs.items():
-        path = out / f"{stem}{suffix}"
-        atomic_write_bytes(path, data)
-        res.artifacts[kind] = {"path": str(path), "sha256": _sha(data)}
+    kinds = [k for k in BUILT if k != PT2 or o.program]
+    blobs = {k: EXPORTERS[k](conv.policy, o.opset, writer) for k in kinds}
+    res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
+    for kind in kinds:
+        res.artifacts[kind] = arts.write(kind, blobs[kind], fsync=fsync)
+    blobs = None
 
     if o.verify:
-        vo = o.verify_options or VerifyOptions()
-        rep = verify(conv.policy, model, subject=f"{stem} ({src.name})", checkpoint=ckpt,
-                     policy_file_name=f"{stem}{SUFFIX_POLICY}", official=official, official_path=reference,
-                     pt2_path=out / f"{stem}{SUFFIX_PROGRAM}" if o.program else None, options=vo,
-                     write_golden=out / f"{stem}{SUFFIX_GOLDEN}")
+        rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
+                     subject=f"{arts.stem} ({src.name})", written={k: a["sha256"] for k, a in res.artifacts.items()},
+                     writer=writer, golden=True)
         if official is None:
-            rep.notes.insert(0, f"no official ONNX found beside {src.name} ({src.with_suffix('.onnx').name}); "
-                                "use --reference to name one")
-        write_report(rep, out / f"{stem}{SUFFIX_REPORT}")
+            rep.notes.insert(0, f"no official ONNX found beside {src.name} ({src.with_suffix(SUFFIXES[ONNX]).name})"
+                                + ("; use --reference to name one" if suggest_reference else ""))
+        rep.notes.extend(notes)
+        res.artifacts[GOLDEN] = arts.write(GOLDEN, rep.golden, fsync=fsync)
+        res.artifacts[REPORT] = write_report(rep, arts.path(REPORT), fsync=fsync)
         res.report = rep
-        for kind, suffix in (("report", SUFFIX_REPORT), ("golden", SUFFIX_GOLDEN)):
-            p = out / f"{stem}{suffix}"
-            res.artifacts[kind] = {"path": str(p), "sha256": _sha(p.read_bytes())}
     res.seconds = time.perf_counter() - t0
     return res
 
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
-    """Re-verify the artifacts already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
-    from .converter import load_policy
-    from .verify import verify, write_report
+    """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
+    from .verify import Reference, verify, write_report
 
     out = Path(out_dir)
     if not out.is_dir():
         raise InputError("no such directory", out)
-    stems = [stem] if stem else sorted(p.name[:-len(SUFFIX_POLICY)] for p in out.glob(f"*{SUFFIX_POLICY}"))
+    stems = [stem] if stem else ArtifactSet.stems(out)
     if not stems:
-        raise InputError(f"no {SUFFIX_POLICY} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
+        raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     official = load_reference(Path(reference)) if reference else None
     ckpt = load_checkpoint(checkpoint) if checkpoint else None
+    writer = ProgramWriter(fast=True)
     reports = []
     for s in stems:
-        policy = load_policy(out / f"{s}{SUFFIX_POLICY}")
-        onnx_path = out / f"{s}{SUFFIX_ONNX}"
-        if not onnx_path.is_file():
-            raise InputError(f"missing {onnx_path.name} beside {s}{SUFFIX_POLICY}", out)
-        try:
-            rebuilt = onnx.load(str(onnx_path))
-        except Exception as exc:
-            raise InputError(f"not a readable ONNX model ({type(exc).__name__})", onnx_path) from None
-        if ckpt is not None and ckpt.sha256 != policy.metadata.get("source_sha256"):
-            raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of {s}{SUFFIX_POLICY} "
-                             f"({policy.metadata.get('source_sha256', '')[:12]}…)", ckpt.path)
-        rep = verify(policy, rebuilt, subject=f"{s} ({out})", checkpoint=ckpt, policy_file_name=f"{s}{SUFFIX_POLICY}",
-                     official=official, official_path=Path(reference) if reference else None,
-                     golden_path=out / f"{s}{SUFFIX_GOLDEN}", pt2_path=out / f"{s}{SUFFIX_PROGRAM}", options=options)
-        write_report(rep, out / f"{s}{SUFFIX_REPORT}")
+        arts = ArtifactSet(out, s)
+        if not arts.exists(ONNX):
+            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", out)
+        if ckpt is not None:
+            from .converter import load_policy
+
+            source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
+            if ckpt.sha256 != source_sha:
+                raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
+                                 f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
+        rep = verify(arts, Reference(ckpt, official, Path(reference) if reference else None, arts.path(GOLDEN)),
+                     options, subject=f"{s} ({out})", writer=writer)
+        write_report(rep, arts.path(REPORT))
         reports.append(rep)
     return reports

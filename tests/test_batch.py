@@ -102,13 +102,19 @@ def test_run_dir_every_listed_checkpoint_with_its_step_reward_and_verdict(huggy_
         assert e["reference"] == f"{src.stem}.onnx"  # its own official ONNX
         v = e["verify"]
         assert v["verdict"] == "PASS" and v["checks"] == {"1": "pass", "2": "pass", "3": "pass", "4": "pass",
-                                                          "5": "pass"}
+                                                          "5": "pass", "6": "pass"}
         assert v["safetensors_bitwise"][0] == v["safetensors_bitwise"][1] > 0
         assert v["onnx_initializers_bitwise"][0] == v["onnx_initializers_bitwise"][1] > 0
         assert v["outputs_bitwise"][0] == v["outputs_bitwise"][1] > 0
         assert v["module_max_abs"]["cpu float32"] is not None
         assert 0 < v["max_bound_ratio"] < 1  # every float32 runtime within its derived bound
-        assert any(k.startswith("saved program") for k in v["module_max_abs"])
+        # the .pt2: run through torch.export.load (the newest: full profile), or (the batch profile) its
+        # bytes are torch.export.save's for the policy read back from the .safetensors
+        if name == step_checkpoints(HUGGY_RUN)[-1].name:
+            assert any(k.startswith("saved program") for k in v["module_max_abs"]) and e["profile"] == "full"
+        else:
+            assert v["files"][f"{src.stem}.pt2 from {src.stem}.safetensors"] == "pass" and e["profile"] == "batch"
+        assert all(status == "pass" for status in v["files"].values()) and len(v["files"]) >= 3
         # the divisor decision: ML-Agents folded these on MKL's generic sqrt path, 1 ulp off IEEE in places
         d = e["divisor"]
         assert d["mode"] == "auto" and d["source"] == "official" and d["reference"] == f"{src.stem}.onnx"
@@ -160,22 +166,25 @@ def test_artifacts_equal_a_single_conversion(huggy_out, tmp_path):
             assert _sha(tmp_path / "single" / f"{c.stem}{s}") == _sha(out / f"{c.stem}{s}"), (c.name, s)
 
 
-def test_the_swapped_program_archive_is_what_torch_export_save_writes():
-    """The fast path (3rd checkpoint of an architecture on): the first archive with another
-    checkpoint's weight records, CRCs and serialization id equals torch.export.save's bytes."""
-    from huggy_convert.batch import ProgramTemplate, _module_tensor_bytes
+def test_the_batch_program_writer_writes_what_torch_export_save_writes():
+    """A batch's .pt2 (traced once per architecture, the graph serialized once, torch's archive
+    writer) is byte for byte what a fresh trace of that checkpoint alone gives with torch.export.save,
+    and torch.export.load reads that checkpoint's weights back from it."""
+    import io
+
+    import torch
+
+    from huggy_convert import contract as C
     from huggy_convert.converter import convert_checkpoint
-    from huggy_convert.pipeline import program_bytes
+    from huggy_convert.exporters.pt2 import ProgramWriter
 
     a, b = (convert_checkpoint(c).policy for c in step_checkpoints(HUGGY_RUN)[-2:])
-    cache = {}
-    tmpl = ProgramTemplate(program_bytes(a, cache))
-    real = program_bytes(b, cache)
-    assert tmpl.data != real and tmpl.patch(_module_tensor_bytes(b)) == real
-    assert tmpl.patch(_module_tensor_bytes(a)) == tmpl.data
-    from huggy_convert import contract as C
-
-    assert tmpl.read_weights(real)["mu.bias"].tobytes() == b.tensors[C.C_MU_B].tobytes()
+    fast = ProgramWriter(fast=True)
+    fa, fb = fast.program_bytes(a), fast.program_bytes(b)
+    alone = ProgramWriter(fast=False).program_bytes(b)  # its own trace, torch.export.save
+    assert fa != fb and fb == alone and not fast.notes
+    ep = torch.export.load(io.BytesIO(fb))
+    assert ep.state_dict["mu.bias"].numpy().tobytes() == b.tensors[C.C_MU_B].tobytes()
 
 
 def test_manifest_csv_has_a_row_per_checkpoint(huggy_out):

@@ -214,12 +214,13 @@ def test_ieee_mode_gives_the_same_outputs_within_the_bound_not_bitwise():
 
 def _artifact_bytes(ckpt: Path):
     from huggy_convert.converter import policy_bytes
-    from huggy_convert.pipeline import program_bytes
+    from huggy_convert.exporters.pt2 import ProgramWriter
 
     pol = convert_checkpoint(ckpt).policy  # no reference: IEEE
     mod = build_module(pol)
     state = b"".join(v.numpy().tobytes() for v in mod.state_dict().values())
-    return policy_bytes(pol.tensors, pol.metadata), model_bytes(build_onnx(pol)), state, program_bytes(pol)
+    program = ProgramWriter().program_bytes(pol)  # its own trace
+    return policy_bytes(pol.tensors, pol.metadata), model_bytes(build_onnx(pol)), state, program
 
 
 def test_artifacts_do_not_use_torchs_cpu_sqrt(monkeypatch):

@@ -58,7 +58,7 @@ def test_report_figures_and_environment(converted):
               "torch_threads", "devices"):
         assert k in env
     titles = [c["title"][:2] for c in rep["checks"]]
-    assert titles == ["1 ", "2 ", "3 ", "4 ", "5 "]
+    assert titles == ["1 ", "2 ", "3 ", "4 ", "5 ", "6 "]
     c3 = rep["checks"][2]
     det = next(c for c in c3["checks"] if c["title"].startswith("deterministic_continuous_actions [probes]"))
     f = det["figures"]
@@ -163,11 +163,12 @@ def test_fp16_program_with_fp16_normalizer_fails(out):
 def test_fp16_module_with_fp16_normalizer_fails_in_the_engine(out):
     from huggy_convert.converter import load_policy
     from huggy_convert.exporters.torch_module import build_module
-    from huggy_convert.verify import verify
+    from huggy_convert.artifacts import ArtifactSet
+    from huggy_convert.verify import Reference, verify
 
     pol = load_policy(out / f"{STEM}.safetensors")
-    rep = verify(pol, onnx.load(str(out / f"{STEM}.onnx")), subject="t", golden_path=out / f"{STEM}.golden.npz",
-                 options=VerifyOptions(dtypes=("float16",), fingerprint_steps=()),
+    rep = verify(ArtifactSet(out, STEM), Reference(golden_path=out / f"{STEM}.golden.npz"),
+                 VerifyOptions(dtypes=("float16",), fingerprint_steps=()), subject="t",
                  extra_modules=[("naive fp16", build_module(pol, dtype="float16", normalizer_dtype="float16"))])
     assert not rep.ok
     fail = rep.first_failure()
@@ -313,3 +314,85 @@ def test_reference_fingerprint_is_the_same_batched_or_step_by_step():
     for ck in [step_checkpoints(HUGGY_RUN)[-1]] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]:
         pol = convert_checkpoint(ck).policy
         assert reference_fingerprint(pol, 64, 0) == fingerprint(Float64Policy(pol).values32, pol, 64, 0), ck.stem
+
+
+# --- the verification reads the files written (issue 11) ---------------------------------------
+def _flip_in_file(path, needle: bytes, bit: int = 0):
+    """Flip one bit of the first byte of ``needle`` (bytes that occur once) in the file."""
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at >= 0 and data.find(needle, at + 1) < 0, "needle must occur exactly once"
+    data[at] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def _tensor_bytes(name):
+    from huggy_convert.converter import convert_checkpoint
+
+    return convert_checkpoint(HUGGY).policy.tensors[name].tobytes()
+
+
+def _failures(r):
+    return [line for line in r.stderr.splitlines() + r.stdout.splitlines() if "6 files" in line]
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "onnx", "pt2"])
+def test_verify_dir_catches_a_bit_flipped_in_each_written_file(out, kind):
+    from huggy_convert import contract as C
+
+    path = out / f"{STEM}.{kind}"
+    # a low mantissa bit of one weight of the second body layer: the value moves by 1 ulp
+    _flip_in_file(path, _tensor_bytes(C.c_body(1, "weight"))[4 * 1000:4 * 1000 + 64])
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 1, r.output
+    assert any(path.name in line for line in _failures(r)), r.output
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "onnx", "pt2"])
+def test_verify_dir_without_the_report_still_catches_the_flip_by_content(out, kind):
+    """No record of the bytes written (the report deleted): the flipped .safetensors gives another
+    .onnx/.pt2 than the files, and a flipped .onnx/.pt2 is not what the .safetensors gives."""
+    from huggy_convert import contract as C
+
+    (out / f"{STEM}.verify.json").unlink()
+    _flip_in_file(out / f"{STEM}.{kind}", _tensor_bytes(C.c_body(1, "weight"))[4 * 1000:4 * 1000 + 64])
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert r.exit_code == 1, r.output
+    assert _failures(r), r.output
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "onnx", "pt2"])
+def test_the_check_at_the_end_of_a_conversion_reads_the_files_back(tmp_path, monkeypatch, kind):
+    """A file damaged on its way to the disk (simulated: one bit flipped as it is written) fails the
+    conversion's own verification."""
+    import huggy_convert.artifacts as A
+    from huggy_convert import contract as C
+
+    real = A.atomic_write_bytes
+    needle = _tensor_bytes(C.c_body(1, "weight"))[4 * 1000:4 * 1000 + 64]
+
+    def damaged(path, data, fsync=True):
+        if str(path).endswith(f".{kind}"):
+            b = bytearray(data)
+            b[bytes(b).find(needle)] ^= 1
+            data = bytes(b)
+        real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(A, "atomic_write_bytes", damaged)
+    res = convert_one(HUGGY, tmp_path, ConvertOptions(verify_options=VerifyOptions(
+        dtypes=("float32",), fingerprint_steps=(16,))))
+    rep = res.report
+    assert not rep.ok
+    files = rep.check("files")
+    bad = [c for c in files.children if c.status == "fail"]
+    assert [c.title for c in bad] == [f"{STEM}.{kind}"] and "changed since its conversion" in bad[0].summary
+    assert all(c.status == "pass" for c in files.children if c.title != f"{STEM}.{kind}")
+
+
+def test_verify_dir_regenerates_the_onnx_and_the_program_from_the_policy(out):
+    r = invoke("verify", out, "--verify-dtype", "float32", "--json")
+    assert r.exit_code == 0, r.output
+    files = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "files")
+    titles = {c["title"]: c["status"] for c in files["checks"]}
+    assert titles == {f"{STEM}.{k}": "pass" for k in ("safetensors", "onnx", "pt2")} | {
+        f"{STEM}.onnx from {STEM}.safetensors": "pass", f"{STEM}.pt2 from {STEM}.safetensors": "pass"}

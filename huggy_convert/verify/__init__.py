@@ -1,4 +1,4 @@
 """Stage 3: verification of every artifact against the official ONNX and the CPU reference."""
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats, parse_overrides, ulp_distance  # noqa: F401
-from .engine import VerifyOptions, load_golden, verify, write_report  # noqa: F401
+from .engine import Reference, VerifyOptions, load_golden, verify, write_report  # noqa: F401
 from .report import Check, Report  # noqa: F401

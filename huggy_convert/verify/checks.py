@@ -48,7 +48,7 @@ def _first_diff_text(name: str, s: Dict) -> str:
 
 # --- 1 ---------------------------------------------------------------------------------------
 def check_safetensors(policy: Policy, ckpt: Optional[Checkpoint], path_name: str) -> Check:
-    c = Check("1 safetensors vs checkpoint")
+    c = Check("1 safetensors vs checkpoint", id="safetensors")
     if ckpt is None:
         c.status, c.summary = SKIP, "no checkpoint given"
         return c
@@ -194,7 +194,7 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
 def check_onnx_structure(ours: onnx.ModelProto, official: onnx.ModelProto, ours_name: str, official_name: str,
                          policy: Optional[Policy] = None) -> Check:
     """I/O, opset, op sequence, attributes, initializers (the divisor by :func:`check_divisor`)."""
-    c = Check(f"2 rebuilt ONNX vs official ({official_name})")
+    c = Check(f"2 rebuilt ONNX vs official ({official_name})", id="official")
     for which in ("input", "output"):
         a, b = _io(official, which), _io(ours, which)
         sub = Check(f"{which}s")
@@ -310,7 +310,7 @@ def check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds: Dict[
     (``--divisor ieee``), or the golden outputs were written on another host — ``(reason,
     judge(feed_name, feed, output, ours, ref) -> figures)`` judges a float output by the derived
     bound instead (``bounds.within_both``)."""
-    c = Check(f"3 outputs: rebuilt vs {ref_name}")
+    c = Check(f"3 outputs: rebuilt vs {ref_name}", id="outputs")
 
     def verdict(name: str, feed_name: str, feed, a, b, s) -> Check:
         ok = s["bitwise_equal"] == s["count"] and "shape_mismatch" not in s and a.dtype == b.dtype

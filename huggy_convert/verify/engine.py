@@ -13,7 +13,10 @@ import onnx
 
 from .. import __version__
 from .. import contract as C
+from ..artifacts import BUILT, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
 from ..converter import Checkpoint, Policy, atomic_write_bytes
+from ..errors import HuggyError
+from ..exporters.pt2 import EXPORT_GATE
 from ..exporters.devices import available_devices, device_name
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record, official_divisors
@@ -41,6 +44,7 @@ class VerifyOptions:
     rtol: Dict[str, float] = field(default_factory=dict)
     fingerprint_steps: Sequence[int] = (64, 128)
     include_npu: Optional[bool] = None  # None: NPUs where torch_npu is installed
+    program_load: bool = True  # run the .pt2 through torch.export.load (False: check 6 compares its bytes only)
 
 
 def environment(devices: Sequence[str]) -> Dict[str, object]:
@@ -150,10 +154,10 @@ class Context:
     ``ours`` (the policy), ``official`` (the policy dividing by the official ONNX's divisors: the
     same policy unless ``--divisor ieee`` kept IEEE against an official 1 ulp away)."""
 
-    def __init__(self, policy: Policy, rebuilt: onnx.ModelProto, o: "VerifyOptions"):
+    def __init__(self, policy: Policy, rebuilt: onnx.ModelProto, o: "VerifyOptions", data: Optional[bytes] = None):
         spec = policy.spec
         self.policy, self.o = policy, o
-        self.ours_sess = ort_session(model_bytes(rebuilt))
+        self.ours_sess = ort_session(data if data is not None else model_bytes(rebuilt))
         self.ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
         noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
         self.feeds = {"probes": make_probes(policy, o.rows, o.seed)}
@@ -217,7 +221,7 @@ class Context:
             self.run_ref_noise = (lambda name, feed: ort_run(off_noise, feed)) if off_noise else None  # noqa: E731
         except Exception as exc:
             out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {type(exc).__name__}: "
-                                                f"{' '.join(str(exc).split())[:200]}"))
+                                                f"{' '.join(str(exc).split())[:200]}", id="outputs"))
             return out
         mlg = _ml_agents_golden(official_path)
         if mlg is not None:
@@ -253,7 +257,7 @@ class Context:
     def check_outputs(self) -> Check:
         """Check 3: the rebuilt ONNX against the reference, in onnxruntime."""
         if self.run_ref is None:
-            return Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)")
+            return Check("3 outputs", SKIP, "no reference outputs (no official ONNX, no golden file)", id="outputs")
         return K.check_outputs(self.run_ours, self.run_ref, self.run_ours_noise if self.ours_noise else None,
                                self.run_ref_noise, self.feeds, self.noises, self.policy, self.ref_name, self.fallback)
 
@@ -265,50 +269,140 @@ def compare_with_official(policy: Policy, rebuilt: onnx.ModelProto, official: on
     report, so every command reaches the same verdict on the same pair."""
     ctx = Context(policy, rebuilt, options or VerifyOptions())
     out = ctx.use_official(official, official_path, subject, bitwise)
-    if not any(c.title.startswith("3 ") for c in out):
+    if not any(c.id == "outputs" for c in out):
         out.append(ctx.check_outputs())
     return out
 
 
-def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint: Optional[Checkpoint] = None,
-           policy_file_name: str = "", official: Optional[onnx.ModelProto] = None,
-           official_path: Optional[Path] = None, golden_path: Optional[Path] = None,
-           pt2_path: Optional[Path] = None, options: Optional[VerifyOptions] = None,
-           write_golden: Optional[Path] = None, extra_modules: Sequence = ()) -> Report:
-    """All five checks. ``extra_modules``: (title, module) pairs verified like the built ones.
+CHECK_IDS = ("safetensors", "official", "outputs", "runtimes", "fingerprints", "files")  # checks 1-6
 
-    The float64 reference (verify.bounds) of ``policy`` judges every float32 runtime (check 4) and,
-    where bitwise equality is not expected, the outputs of check 3."""
+
+@dataclass
+class Reference:
+    """What a policy's written files are verified against (each part optional)."""
+
+    checkpoint: Optional[Checkpoint] = None
+    official: Optional[onnx.ModelProto] = None  # the official ONNX ML-Agents wrote
+    official_path: Optional[Path] = None
+    golden_path: Optional[Path] = None  # golden outputs of an earlier verification (used without an official)
+
+
+def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
+    """The sha256 of each file as its conversion wrote it, from the report beside it (if any)."""
+    try:
+        rep = json.loads(artifacts.read(REPORT))
+        c = next(c for c in rep.get("checks", []) if c.get("id") == "files")
+        w = (c.get("figures") or {}).get("written")
+        return {str(k): str(v) for k, v in w.items()} if isinstance(w, dict) else None
+    except (OSError, ValueError, StopIteration, AttributeError, TypeError):
+        return None
+
+
+def check_files(artifacts: ArtifactSet, policy: Policy, rebuilt: onnx.ModelProto, written: Optional[Dict[str, str]],
+                regenerate: Sequence[str], writer=None) -> Check:
+    """Check 6: the written files are the bytes their conversion wrote (``written``: sha256 per kind,
+    given by the conversion or recorded in the earlier report) and the kinds in ``regenerate``
+    (``.onnx``, ``.pt2``) are exactly what the policy read back from the ``.safetensors`` gives."""
+    from ..exporters.onnx_export import build_onnx
+    from ..exporters.pt2 import program_bytes
+
+    c = Check("6 files", id="files")
+    found: Dict[str, str] = {}
+    for kind in BUILT:
+        if not artifacts.exists(kind):
+            continue
+        name = artifacts.name(kind)
+        data = artifacts.read(kind)
+        found[kind] = sha256_bytes(data)
+        want = (written or {}).get(kind)
+        if want is not None:
+            same = found[kind] == want
+            c.add(Check(name, PASS if same else FAIL,
+                        "bitwise the bytes its conversion wrote" if same else
+                        f"changed since its conversion wrote it (sha256 {found[kind][:12]}…, written {want[:12]}…)"))
+        if kind in regenerate:
+            if kind == ONNX:
+                opset = next((o.version for o in rebuilt.opset_import if o.domain in ("", "ai.onnx")), None)
+                again = model_bytes(build_onnx(policy, opset=opset))
+                what = f"build_onnx(opset {opset})"
+            else:
+                again = program_bytes(policy, writer)
+                what = "torch.export.save"
+            same = again == data
+            c.add(Check(f"{name} from {artifacts.name(SAFETENSORS)}", PASS if same else FAIL,
+                        f"bitwise what {what} gives for the policy in {artifacts.name(SAFETENSORS)}" if same else
+                        f"NOT what {what} gives for the policy in {artifacts.name(SAFETENSORS)} "
+                        f"({len(data)} bytes vs {len(again)}; first difference at byte "
+                        f"{next((i for i, (x, y) in enumerate(zip(data, again)) if x != y), min(len(data), len(again)))})"))
+    c.figures = {"found": found, "written": dict(written) if written else dict(found)}
+    n = len(c.children)
+    c.summary = (f"{sum(ch.status == PASS for ch in c.children)}/{n} file checks pass" if n else
+                 "no record of the bytes written and nothing to regenerate")
+    return c
+
+
+def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, options: Optional[VerifyOptions] = None, *,
+           subject: Optional[str] = None, written: Optional[Dict[str, str]] = None, writer=None,
+           golden: bool = False, extra_modules: Sequence = ()) -> Report:
+    """Verify the files of ``artifacts`` as written: the ``.safetensors`` read back (check 1 against
+    the checkpoint), the ``.onnx`` read back (2: against the official ONNX; 3: its outputs against the
+    official's or the golden file's), every runtime (4: onnxruntime on the file, the torch module
+    built from the ``.safetensors``, the ``.pt2`` through ``torch.export.load``) against the float64
+    reference of the canonical tensors, fingerprints (5), and the files themselves (6).
+
+    ``written``: the sha256 of each file as the caller just wrote it (a conversion); without it (a
+    re-verification) they are taken from the report beside the files, and the ``.onnx``/``.pt2`` are
+    regenerated from the ``.safetensors`` and compared byte for byte. ``golden``: put the golden
+    file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
+    built ones."""
     import torch
 
+    from ..converter import load_policy
     from ..exporters.torch_module import build_module
 
+    ref = reference or Reference()
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
-    rep = Report(subject=subject, environment=environment(devices))
+    rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
     here = rep.environment["host"]
+    checkpoint, official, official_path = ref.checkpoint, ref.official, ref.official_path
+
+    try:
+        policy = load_policy(artifacts.path(SAFETENSORS))
+    except HuggyError as exc:
+        rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"does not load: {exc.one_line()}",
+                                id="safetensors"))
+        return rep
+    try:
+        onnx_data = artifacts.read(ONNX)
+        rebuilt = onnx.load_model_from_string(onnx_data)
+    except Exception as exc:
+        rep.checks.append(K.check_safetensors(policy, checkpoint, artifacts.name(SAFETENSORS)))
+        rep.checks.append(Check("2 rebuilt ONNX vs official", FAIL, f"{artifacts.name(ONNX)} does not load: "
+                                f"{type(exc).__name__}", id="official"))
+        return rep
     spec = policy.spec
     decision = divisor_record(policy)
     if spec.normalize and decision:
         rep.notes.append(f"divisor: {describe_divisor(decision)}")
 
     # 1
-    rep.checks.append(K.check_safetensors(policy, checkpoint, policy_file_name))
+    rep.checks.append(K.check_safetensors(policy, checkpoint, artifacts.name(SAFETENSORS)))
 
     # 2 and the reference of 3
-    ctx = Context(policy, rebuilt, o)
-    golden = load_golden(golden_path) if golden_path and Path(golden_path).is_file() else None
+    ctx = Context(policy, rebuilt, o, onnx_data)
+    golden_in = load_golden(ref.golden_path) if ref.golden_path and Path(ref.golden_path).is_file() else None
     if official is not None:
-        rep.checks.extend(ctx.use_official(official, official_path, subject))
-    elif golden is not None:
-        ctx.use_golden(golden, golden_path, here, rep.notes)
-        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
+        rep.checks.extend(ctx.use_official(official, official_path, rep.subject))
+    elif golden_in is not None:
+        ctx.use_golden(golden_in, ref.golden_path, here, rep.notes)
+        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
     else:
         rep.notes.append("no official ONNX found: verified what can be verified without one")
-        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with"))
+        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
 
     # 3
-    if not any(c.title.startswith("3 ") for c in rep.checks):
+    if rep.check("outputs") is None:
         rep.checks.append(ctx.check_outputs())
     run_ref, run_ref_noise = ctx.run_ref, ctx.run_ref_noise
 
@@ -316,11 +410,11 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     main_feed_name = next(iter(ctx.feeds))
     main_feed = ctx.feeds[main_feed_name]
     main_noise = ctx.noises.get(main_feed_name)
-    ref = ctx.reference("ours", main_feed_name)
+    ref64 = ctx.reference("ours", main_feed_name)
     ref_n = ctx.reference("ours", main_feed_name, True) if main_noise is not None else None
     noised_feed = dict(main_feed, **{C.NOISE_INPUT: main_noise}) if main_noise is not None else None
     zero_feed = {k: np.zeros_like(v) for k, v in main_feed.items()}
-    c4 = Check("4 runtimes vs the float64 reference")
+    c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
 
     def ort_check(title, run, run_noise, role):
         noised = None
@@ -342,7 +436,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
             except Exception as exc:
                 c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
                 continue
-            norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
+            norm = _pinned_dtypes(mod)
             runner = module_runner(mod)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
@@ -353,22 +447,24 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
                         xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
                         return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(main_noise))[0].float().cpu().numpy()
                 nz = (run_noise, ref_n)
-            c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref, main_feed, dt, o.atol, o.cosine, norm,
+            c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
                                    lambda r=runner: r(zero_feed), o.rtol, nz))
     for title, mod in extra_modules:
-        norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
+        norm = _pinned_dtypes(mod)
         dt = str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters()) else "float32"
         runner = module_runner(mod)
-        c4.add(K.check_runtime(title, runner, ref, main_feed, dt, o.atol, o.cosine, norm,
+        c4.add(K.check_runtime(title, runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
                                lambda r=runner: r(zero_feed), o.rtol))
-    if pt2_path is not None and Path(pt2_path).is_file():
+    pt2_path = artifacts.path(PT2)
+    if o.program_load and pt2_path.is_file():
         try:
-            prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
+            with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
+                prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
             dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
-            c4.add(K.check_runtime(f"saved program {Path(pt2_path).name} (cpu)", prun, ref, main_feed, dt, o.atol,
+            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref64, main_feed, dt, o.atol,
                                    o.cosine, pbuf, lambda r=prun: r(zero_feed), o.rtol))
         except Exception as exc:
-            c4.add(Check(f"saved program {Path(pt2_path).name}", FAIL,
+            c4.add(Check(f"saved program {pt2_path.name}", FAIL,
                          f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
     nfail = sum(1 for ch in c4.children if ch.status == FAIL)
     ratios = [ch.figures.get("max_bound_ratio") for ch in c4.children if ch.figures.get("max_bound_ratio") is not None]
@@ -379,7 +475,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     rep.checks.append(c4)
 
     # 5: the reference's fingerprint (the same on every host) + this host's runtimes, stable between runs
-    c5 = Check("5 determinism fingerprints")
+    c5 = Check("5 determinism fingerprints", id="fingerprints")
     if cpu32 is None:
         cpu32 = module_runner(build_module(policy, "cpu", "float32"))
     fps = {}
@@ -407,7 +503,12 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
     c5.summary = ", ".join(f"{s}: {v['reference'][:12]}" for s, v in fps.items())
     rep.checks.append(c5)
 
-    if write_golden is not None:
+    # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
+    again = (ONNX, PT2) if written is None else () if o.program_load else (PT2,)
+    rep.checks.append(check_files(artifacts, policy, rebuilt, written if written is not None
+                                  else _recorded_written(artifacts), again, writer))
+
+    if golden:
         # the official's outputs where the rebuilt ONNX must reproduce them bitwise; the rebuilt's own
         # where it divides by another divisor (--divisor ieee) or there is no official file
         official_golden = official is not None and run_ref is not None and not ctx.divisors_differ
@@ -416,12 +517,20 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
         if main_noise is not None:
             rn = run_ref_noise if official_golden and run_ref_noise is not None else (lambda n, f: ctx.run_ours_noise(f))
             ref_noised = rn(main_feed_name, noised_feed)[C.OUT_CONT]
-        atomic_write_bytes(write_golden, golden_bytes(main_feed, full_ref, main_noise, ref_noised))
+        rep.golden = golden_bytes(main_feed, full_ref, main_noise, ref_noised)
     return rep
 
 
-def write_report(rep: Report, path) -> None:
-    atomic_write_bytes(path, (rep.to_json() + "\n").encode())
+def _pinned_dtypes(mod) -> Dict[str, str]:
+    """The normalizer buffers a module keeps float32 whatever else is cast, with their dtypes."""
+    return {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
+
+
+def write_report(rep: Report, path, fsync: bool = True) -> Dict[str, str]:
+    """Write the report's JSON (atomically); returns ``{path, file, sha256}``."""
+    data = (rep.to_json() + "\n").encode()
+    atomic_write_bytes(path, data, fsync=fsync)
+    return {"path": str(path), "file": Path(path).name, "sha256": sha256_bytes(data)}
 
 
 def read_report(path) -> Dict:

@@ -19,6 +19,7 @@ class Check:
     summary: str = ""
     figures: Dict[str, Any] = field(default_factory=dict)
     children: List["Check"] = field(default_factory=list)
+    id: str = ""  # stable id of a top-level check (see verify.engine.CHECK_IDS); titles are for people
 
     def add(self, child: "Check") -> "Check":
         self.children.append(child)
@@ -45,7 +46,8 @@ class Check:
         return out
 
     def to_dict(self) -> Dict[str, Any]:
-        d: Dict[str, Any] = {"title": self.title, "status": self.status, "summary": self.summary}
+        d: Dict[str, Any] = {"id": self.id} if self.id else {}
+        d.update(title=self.title, status=self.status, summary=self.summary)
         if self.figures:
             d["figures"] = _clean(self.figures)
         if self.children:
@@ -74,6 +76,11 @@ class Report:
     checks: List[Check] = field(default_factory=list)
     environment: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    golden: Optional[bytes] = field(default=None, repr=False)  # the golden file's bytes (written by the caller)
+
+    def check(self, id: str) -> Optional[Check]:
+        """The top-level check of that id, if it ran."""
+        return next((c for c in self.checks if c.id == id), None)
 
     @property
     def ok(self) -> bool:

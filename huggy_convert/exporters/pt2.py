@@ -1,0 +1,189 @@
+"""The ``.pt2`` artifact: the policy's torch module as a ``torch.export`` program.
+
+The supported way, and the default: trace once per architecture (``PolicySpec``), copy each
+policy's weights into that ``ExportedProgram`` and ``torch.export.save`` it.
+
+``torch.export.save`` re-serializes the whole graph every time (its ``serialize`` deep-copies and
+canonicalizes the graph: ~40 ms for Huggy), although only the weights differ between the
+checkpoints of one run. ``ProgramWriter(fast=True)`` (what a run-directory batch uses) therefore
+serializes the graph once per architecture and writes each archive with torch's own
+``PT2ArchiveWriter`` and packaging functions: the same records in the same order as
+``torch.export.save`` (checked byte for byte on the first policy of each architecture; any
+difference and that architecture falls back to ``torch.export.save``). No zip record is written
+by hand, and the files are verified only through ``torch.export.load`` and by comparing their bytes
+with what this writer gives for the policy read back from the ``.safetensors``.
+``benchmarks/batch.py --pt2`` measures the two ways side by side.
+
+The archive holds no source location: ``torch.export`` records each node's stack trace (our
+install path and line numbers), which is dropped, so the bytes are the same from any install.
+
+``torch.export`` (trace, save, load) is not thread-safe: tracing swaps global state, so it runs
+alone (``EXPORT_GATE.exclusive()``) while a batch's workers hold ``EXPORT_GATE.shared()``.
+"""
+from __future__ import annotations
+
+import io
+import threading
+from contextlib import contextmanager
+from typing import Dict, List, Optional
+
+
+class Gate:
+    """A reader-writer gate: workers compute under a shared hold; torch.export runs exclusively.
+
+    A thread that holds the shared side and asks for the exclusive one gives its shared hold up
+    meanwhile (so two such threads cannot deadlock) and takes it back afterwards."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+        self._local = threading.local()
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        self._local.held = True
+        try:
+            yield
+        finally:
+            self._local.held = False
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        held = getattr(self._local, "held", False)
+        with self._cond:
+            if held:
+                self._shared -= 1
+                self._cond.notify_all()
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+                if held:
+                    while self._exclusive or self._waiting:
+                        self._cond.wait()
+                    self._shared += 1
+
+
+EXPORT_GATE = Gate()
+
+
+def _save(ep) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+class ProgramWriter:
+    """``.pt2`` bytes for policies, the graph traced once per architecture (thread-safe).
+
+    ``fast``: write later archives with the graph serialized once (see the module docstring)."""
+
+    def __init__(self, fast: bool = False):
+        self.fast = fast
+        self._programs: Dict[object, object] = {}  # spec -> ExportedProgram
+        self._graphs: Dict[object, Optional[object]] = {}  # spec -> serialized graph (None: save)
+        self._locks: Dict[object, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.notes: List[str] = []
+
+    def _trace(self, policy, module) -> Optional[bytes]:
+        """Trace the architecture of ``policy`` if it is new (alone: torch.export is not thread-safe);
+        returns the first policy's bytes when this call traced, else None."""
+        from .torch_module import export_program
+
+        spec = policy.spec
+        if spec in self._programs:
+            return None
+        with EXPORT_GATE.exclusive():
+            if spec in self._programs:
+                return None
+            ep = export_program(module)
+            for node in ep.graph.nodes:  # the tracing's source file paths and lines: not part of
+                node.meta.pop("stack_trace", None)  # the program, and they differ per install
+            real = _save(ep)
+            if self.fast:  # serialize the graph once; kept only if it gives torch.export.save's bytes
+                try:
+                    graph = _serialize_graph(ep)
+                    if _write(ep, graph) != real:
+                        graph = None
+                        self.notes.append(f"{spec.family}: the graph serialized once did not reproduce "
+                                          "torch.export.save; every .pt2 written with torch.export.save")
+                except Exception as exc:  # a torch whose packaging differs: the supported way only
+                    graph = None
+                    self.notes.append(f"{spec.family}: .pt2 written with torch.export.save ({type(exc).__name__})")
+                self._graphs[spec] = graph
+            self._locks[spec] = threading.Lock()
+            self._programs[spec] = ep
+            return real
+
+    def program_bytes(self, policy) -> bytes:
+        import torch
+
+        from .torch_module import build_module
+
+        module = build_module(policy, "cpu", "float32")
+        first = self._trace(policy, module)
+        if first is not None:
+            return first
+        spec = policy.spec
+        ep = self._programs[spec]
+        with self._locks[spec]:  # one program object per architecture: swap and write one at a time
+            sd = module.state_dict()
+            with torch.no_grad():
+                for k, v in ep.state_dict.items():
+                    v.copy_(sd[k])
+                for k, v in ep.constants.items():
+                    if k in sd and isinstance(v, torch.Tensor):
+                        v.copy_(sd[k])
+            graph = self._graphs.get(spec) if self.fast else None
+            return _save(ep) if graph is None else _write(ep, graph)
+
+
+def _serialize_graph(ep):
+    from torch._export.serde.serialize import serialize
+    from torch.export.pt2_archive import _package as P
+
+    return serialize(ep, None, P.DEFAULT_PICKLE_PROTOCOL, serialize_state_dict=False, serialize_constants=False)
+
+
+def _write(ep, graph) -> bytes:
+    """``torch.export.save(ep)``'s archive, the graph taken from ``graph`` (serialized once), written
+    by torch's own archive writer (torch.export.pt2_archive._package_exported_programs' steps)."""
+    from torch.export.pt2_archive import _package as P
+
+    name = "model"
+    buf = io.BytesIO()
+    with P.PT2ArchiveWriter(buf) as w:
+        P._package_payload_config(w, P._package_state_dict(name, ep, w, P.DEFAULT_PICKLE_PROTOCOL),
+                                  P.WEIGHTS_CONFIG_FILENAME_FORMAT.format(name))
+        P._package_payload_config(w, P._package_constants(name, ep, w, P.DEFAULT_PICKLE_PROTOCOL),
+                                  P.CONSTANTS_CONFIG_FILENAME_FORMAT.format(name))
+        w.write_bytes(P.MODELS_FILENAME_FORMAT.format(name), graph.exported_program)
+        w.write_bytes(P.SAMPLE_INPUTS_FILENAME_FORMAT.format(name), graph.example_inputs)
+    return buf.getvalue()
+
+
+_DEFAULT = ProgramWriter()
+
+
+def program_bytes(policy, writer: Optional[ProgramWriter] = None) -> bytes:
+    """The ``.pt2`` bytes of ``policy`` (``writer``: a batch's, tracing once per architecture)."""
+    return (writer or _DEFAULT).program_bytes(policy)
