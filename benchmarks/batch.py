@@ -21,6 +21,15 @@ trace), and per checkpoint its ONNX built (Python) plus one onnxruntime session 
 parallel); what the batch does beyond that (verification, .pt2, writing) comes on top.
 
     python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
+    python benchmarks/batch.py --baseline DIR [--rounds 3]   # this tree vs another checkout, interleaved
+    python benchmarks/batch.py --pt2 [--count 201]           # the .pt2 writer's two ways side by side
+
+``--baseline DIR`` runs the same batch with another checkout of huggy-convert (``git worktree add
+DIR <commit>``; its package is imported through ``PYTHONPATH``) and this one in alternating rounds,
+and prints each round's wall time, peak RSS and the ratio. ``--pt2`` times, in one process, writing
+``--count`` programs of the newest fixture policy with torch.export.save (weights swapped into the
+traced program) and with ``ProgramWriter(fast=True)`` (graph serialized once), and checks that
+both give the same bytes.
 """
 from __future__ import annotations
 
@@ -116,12 +125,14 @@ def _cli(*args):
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "huggy_convert.cli"], [str(a) for a in args]
 
 
-def measure(args) -> dict:
-    """wall seconds, peak RSS (MB, ``ru_maxrss`` of that child from ``os.wait4``), exit code and output."""
+def measure(args, package: Path = None) -> dict:
+    """wall seconds, peak RSS (MB, ``ru_maxrss`` of that child from ``os.wait4``), exit code and output.
+    ``package``: a checkout whose huggy_convert the child imports (PYTHONPATH) instead of this one."""
     head, tail = _cli(*args)
+    env = dict(os.environ, PYTHONPATH=str(package)) if package else None
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t = time.perf_counter()
-        p = subprocess.Popen(head + tail, stdout=fo, stderr=fe)
+        p = subprocess.Popen(head + tail, stdout=fo, stderr=fe, env=env)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -181,16 +192,68 @@ def floor_child(run: Path, jobs: int) -> None:
                       "first_export": t_export, "onnx_each": t_onnx, "session_each": t_session, "jobs": jobs}))
 
 
+def pt2_ways(count: int) -> None:
+    """torch.export.save with swapped weights vs the writer with the graph serialized once."""
+    import torch
+
+    from huggy_convert.converter import convert_checkpoint
+    from huggy_convert.exporters.pt2 import ProgramWriter
+
+    torch.set_num_threads(1)
+    policy = convert_checkpoint(_step_files(HUGGY_RUN)[-1]).policy
+    ways = {"torch.export.save, weights swapped": ProgramWriter(fast=False),
+            "graph serialized once, torch's archive writer": ProgramWriter(fast=True)}
+    first = {name: w.program_bytes(policy) for name, w in ways.items()}  # the traces
+    times = {name: [] for name in ways}
+    for _ in range(3):  # interleaved rounds
+        for name, w in ways.items():
+            t = time.perf_counter()
+            for _ in range(count):
+                data = w.program_bytes(policy)
+            times[name].append(time.perf_counter() - t)
+    same = len(set(first.values())) == 1 and data == first[name]
+    for name, ts in times.items():
+        print(f"pt2 {name}: {min(ts):.2f}-{max(ts):.2f} s for {count} ({1000 * min(ts) / count:.1f} ms each)")
+    a, b = (min(ts) for ts in times.values())
+    print(f"pt2 SUMMARY save/fast={a / b:.1f}x identical_bytes={same} notes={ways[name].notes}")
+
+
+def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) -> None:
+    import statistics
+
+    walls = {"this tree": [], "baseline": []}
+    for r in range(rounds):
+        for name, pkg in (("this tree", None), ("baseline", baseline)) if r % 2 == 0 else \
+                (("baseline", baseline), ("this tree", None)):
+            out = tmp / f"out-{name.replace(' ', '-')}-{r}"
+            m = measure([run, out, "--json", *jobs], package=pkg)
+            s = json.loads(m["out"]) if m["rc"] in (0, 1) else {}
+            walls[name].append(m["wall"])
+            print(f"round {r}: {name:9s} wall {m['wall']:.2f} s, peak RSS {m['rss']:.0f} MB, exit {m['rc']}, "
+                  f"{s.get('converted')} converted, {s.get('failed')} failed")
+            shutil.rmtree(out, ignore_errors=True)
+    ratios = [a / b for a, b in zip(walls["this tree"], walls["baseline"])]
+    print(f"baseline SUMMARY this_median_s={statistics.median(walls['this tree']):.2f} "
+          f"baseline_median_s={statistics.median(walls['baseline']):.2f} "
+          f"ratio_median={statistics.median(ratios):.3f} ratios={','.join(f'{x:.3f}' for x in ratios)}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=201)
     ap.add_argument("--jobs", type=int, default=0, help="batch workers (default: the command's default, the cores)")
     ap.add_argument("--singles", type=int, default=3, help="separate invocations to time and extrapolate")
     ap.add_argument("--keep", type=Path, help="build the run and outputs here and keep them")
+    ap.add_argument("--baseline", type=Path, help="another checkout to run the same batch with, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --baseline")
+    ap.add_argument("--pt2", action="store_true", help="time the .pt2 writer's two ways")
     ap.add_argument("--floor-child", nargs=2, metavar=("RUN", "JOBS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.floor_child:
         floor_child(Path(a.floor_child[0]), int(a.floor_child[1]))
+        return 0
+    if a.pt2:
+        pt2_ways(a.count)
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="huggy-batch-bench-")) if a.keep is None else a.keep
     tmp.mkdir(parents=True, exist_ok=True)
@@ -203,6 +266,9 @@ def main(argv=None) -> int:
               f"{desc['count'] - len(desc['real'])} perturbed copies have none (ML-Agents never exported them)")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         jobs = ["--jobs", str(a.jobs)] if a.jobs else []
+        if a.baseline:
+            against_baseline(run, tmp, a.baseline.resolve(), a.rounds, jobs)
+            return 0
         b = measure([run, tmp / "out", "--json", *jobs])
         if b["rc"] != 0:
             print(b["out"][-3000:], b["err"], file=sys.stderr)

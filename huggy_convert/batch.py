@@ -76,6 +76,7 @@ from typing import Dict, List, Optional, Tuple
 import click
 
 from . import __version__
+from . import contract as C
 from .artifacts import SUFFIXES
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
@@ -533,7 +534,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
               "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
               "host": host_info(),
               "source": str(source), "run_dir": str(root), "training_status": str(status) if status else None,
-              "found_by": "run_logs/training_status.json" if status else "file names",
+              "found_by": C.STATUS_FILE if status else "file names",
               "layout": "out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}",
               "options": _options_record(o, light, full),
               "verification": {

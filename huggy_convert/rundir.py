@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple
@@ -25,7 +24,7 @@ from .errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
 CHECKPOINT_NAME = C.CHECKPOINT_FILE
-STEP_NAME = re.compile(r"^(?P<behavior>.+)-(?P<step>\d+)\.pt$")
+STEP_NAME = C.STEP_CHECKPOINT_RE
 
 
 @dataclass
@@ -68,11 +67,11 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
         if isinstance(val.get(C.STATUS_FINAL), dict):
             entries.append(val[C.STATUS_FINAL])
         for e in entries:
-            aux = e.get(C.STATUS_AUX_FILES) or e.get("auxiliary_file_paths") or []
-            pts = [str(p) for p in aux if str(p).endswith(".pt")]
+            aux = e.get(C.STATUS_AUX_FILES) or e.get(C.STATUS_AUX_FILES_FIXED) or []
+            pts = [str(p) for p in aux if str(p).endswith(C.CHECKPOINT_SUFFIX)]
             if not pts and e.get(C.STATUS_FILE_PATH):
                 fp = PurePosixPath(str(e[C.STATUS_FILE_PATH]).replace("\\", "/"))
-                pts = [str(fp.with_suffix(".pt"))]
+                pts = [str(fp.with_suffix(C.CHECKPOINT_SUFFIX))]
             for p in pts:
                 pp = PurePosixPath(p.replace("\\", "/"))
                 records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name,
@@ -90,7 +89,7 @@ def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
                 continue
             keep.append(d)
         dirnames[:] = keep
-        found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(".pt") and not f.startswith(".")]
+        found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(C.CHECKPOINT_SUFFIX) and not f.startswith(".")]
     return found
 
 
@@ -159,7 +158,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
         counts[it.stem] = counts.get(it.stem, 0) + 1
     for it in items:
         if counts[it.stem] > 1:
-            it.stem = it.rel[:-len(".pt")].replace("/", "-")
+            it.stem = it.rel[:-len(C.CHECKPOINT_SUFFIX)].replace("/", "-")
     # the newest of each behavior gets the full verification profile
     newest: Dict[Optional[str], Item] = {}
     for it in items:

@@ -26,6 +26,9 @@ STATUS_REWARD = "reward"
 STATUS_CREATION_TIME = "creation_time"
 STATUS_FILE_PATH = "file_path"  # the .onnx
 STATUS_AUX_FILES = "auxillary_file_paths"  # (sic) the .pt
+STATUS_AUX_FILES_FIXED = "auxiliary_file_paths"  # the spelling a later ML-Agents may use
+CHECKPOINT_SUFFIX = ".pt"
+STEP_CHECKPOINT_RE = re.compile(r"^(?P<behavior>.+)-(?P<step>\d+)\.pt$")  # <Behavior>-<step>.pt
 
 # --- Policy state dict (SimpleActor) ----------------------------------------------------
 K_VERSION = "version_number"
