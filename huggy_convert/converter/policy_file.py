@@ -1,4 +1,8 @@
-"""The canonical safetensors policy: ``save_policy`` / ``load_policy``, byte-for-byte reproducible.
+"""The canonical safetensors policy, byte-for-byte reproducible, with safetensors' four verbs:
+``dumps(policy) -> bytes``, ``loads(data) -> Policy``, ``save(policy, path)``, ``load(path) -> Policy``
+(``policy_bytes`` / ``load_policy`` / ``save_policy`` are the same under their older names).
+
+    >>> data = dumps(policy); loads(data).tensors.keys() == policy.tensors.keys()  # doctest: +SKIP
 
 Layout: every tensor float32 under its canonical name (see ``contract``); metadata (str -> str,
 keys sorted) holds the format, the spec as JSON, the source file's name and sha256, the
@@ -110,22 +114,39 @@ def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
         raise
 
 
-def save_policy(path, policy: Policy) -> Path:
-    atomic_write_bytes(path, policy_bytes(policy.tensors, policy.metadata))
+def dumps(policy: Policy) -> bytes:
+    """The canonical file's bytes (float32 tensors, sorted metadata): the same policy, the same bytes."""
+    return policy_bytes(policy.tensors, policy.metadata)
+
+
+def save(policy: Policy, path) -> Path:
+    """Write the canonical file atomically (temporary name, fsync, rename)."""
+    atomic_write_bytes(path, dumps(policy))
     return Path(path)
 
 
-def load_policy(path) -> Policy:
-    """Read a canonical safetensors policy back into spec + tensors (bitwise round trip)."""
-    from safetensors import safe_open
+def save_policy(path, policy: Policy) -> Path:
+    return save(policy, path)
 
-    p = Path(path)
-    if not p.is_file():
-        raise PolicyFileError("no such file", p)
+
+def _header(data: bytes) -> Dict[str, str]:
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ValueError(f"header of {n} bytes in a {len(data)}-byte file")
+    md = json.loads(data[8:8 + n]).get("__metadata__") or {}
+    if not isinstance(md, dict) or not all(isinstance(v, str) for v in md.values()):
+        raise ValueError("metadata is not a str -> str map")
+    return dict(md)
+
+
+def loads(data: bytes, path=None) -> Policy:
+    """A canonical policy from the file's bytes (``path`` names the file in errors)."""
+    import safetensors.numpy as stnp
+
+    p = Path(path) if path is not None else None
     try:
-        with safe_open(str(p), framework="numpy") as f:
-            md = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        md = _header(data)
+        tensors = stnp.load(data)
     except Exception as exc:
         raise PolicyFileError(f"not a readable safetensors file ({' '.join(str(exc).split())[:160]})", p) from None
     if md.get("format") != C.FORMAT_NAME:
@@ -149,3 +170,15 @@ def load_policy(path) -> Policy:
     if missing:
         raise PolicyFileError(f"missing tensor '{missing[0]}' (a format-2 policy stores each normalizer's divisor)", p)
     return policy
+
+
+def load(path) -> Policy:
+    """Read a canonical safetensors policy back into spec + tensors (bitwise round trip)."""
+    p = Path(path)
+    if not p.is_file():
+        raise PolicyFileError("no such file", p)
+    return loads(p.read_bytes(), p)
+
+
+def load_policy(path) -> Policy:
+    return load(path)
