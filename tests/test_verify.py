@@ -396,3 +396,58 @@ def test_verify_dir_regenerates_the_onnx_and_the_program_from_the_policy(out):
     titles = {c["title"]: c["status"] for c in files["checks"]}
     assert titles == {f"{STEM}.{k}": "pass" for k in ("safetensors", "onnx", "pt2")} | {
         f"{STEM}.onnx from {STEM}.safetensors": "pass", f"{STEM}.pt2 from {STEM}.safetensors": "pass"}
+
+
+def _rewrite_pt2(path, change):
+    """Rewrite a .pt2 with torch's archive writer, ``change(name, data) -> data | None`` per record
+    (None drops it); returns the extra records to add as ``change.extra`` (name -> bytes)."""
+    from torch.export.pt2_archive import _package as P
+
+    fixed = {"archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id"}
+    with P.PT2ArchiveReader(str(path)) as r:
+        records = {n: r.read_bytes(n) for n in r.get_file_names() if n not in fixed}
+    out = {}
+    for n, d in records.items():
+        d = change(n, d)
+        if d is not None:
+            out[n] = d
+    out.update(getattr(change, "extra", {}))
+    with P.PT2ArchiveWriter(str(path)) as w:
+        for n, d in out.items():
+            w.write_bytes(n, d)
+
+
+class _Marker:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.path}",)
+
+
+@pytest.mark.parametrize("where", ["pickled weight", "sample inputs"])
+def test_verify_never_unpickles_a_hostile_program(out, tmp_path, where):
+    """A .pt2 whose records are pickles (torch.export.load unpickles them with weights_only=False, or
+    falls back to it for sample inputs) is not loaded: nothing it carries runs."""
+    import pickle
+
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(_Marker(marker), protocol=2)
+
+    def change(name, data):
+        if where == "pickled weight" and name == "data/weights/model_weights_config.json":
+            cfg = json.loads(data)
+            fqn = next(iter(cfg["config"]))
+            cfg["config"][fqn].update(use_pickle=True, path_name="weight_hostile")
+            return json.dumps(cfg).encode()
+        if where == "sample inputs" and name == "data/sample_inputs/model.pt":
+            return payload
+        return data
+
+    change.extra = {"data/weights/weight_hostile": payload} if where == "pickled weight" else {}
+    _rewrite_pt2(out / f"{STEM}.pt2", change)
+    r = invoke("verify", out, "--verify-dtype", "float32")
+    assert not marker.exists(), "code from the .pt2 ran"
+    assert r.exit_code == 1 and "not loaded" in r.stderr + r.stdout and "can run code" in r.stderr + r.stdout, r.output

@@ -187,3 +187,55 @@ _DEFAULT = ProgramWriter()
 def program_bytes(policy, writer: Optional[ProgramWriter] = None) -> bytes:
     """The ``.pt2`` bytes of ``policy`` (``writer``: a batch's, tracing once per architecture)."""
     return (writer or _DEFAULT).program_bytes(policy)
+
+
+# --- reading a .pt2 that may come from anyone --------------------------------------------------
+_FIXED_RECORDS = ("archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id")
+
+
+def unsafe_reason(data: bytes) -> Optional[str]:
+    """Why ``torch.export.load`` must not open this archive, or None.
+
+    ``torch.export.load`` unpickles with ``weights_only=False`` whatever the archive says is a pickle
+    (weights or constants with ``use_pickle``, custom and opaque objects, legacy weight files) and
+    falls back to ``weights_only=False`` when its sample inputs do not load weights-only: any of
+    them runs code. Allowed is what ``torch.export.save`` writes for a plain program: the fixed
+    records, one model's JSON, raw weight and tensor-constant records named in their configs without
+    pickles, and sample inputs that ``torch.load(weights_only=True)`` reads. Read with torch's own
+    archive reader; nothing is unpickled but those sample inputs, weights-only."""
+    import json
+
+    import torch
+    from torch.export.pt2_archive import _package as P
+
+    try:
+        with P.PT2ArchiveReader(io.BytesIO(data)) as r:
+            names = set(r.get_file_names())
+            models = [n[len("models/"):-len(".json")] for n in names if n.startswith("models/") and n.endswith(".json")]
+            if len(models) != 1:
+                return f"{len(models)} models in the archive (a plain torch.export.save holds one)"
+            m = models[0]
+            cfgs = {"weights": P.WEIGHTS_CONFIG_FILENAME_FORMAT.format(m),
+                    "constants": P.CONSTANTS_CONFIG_FILENAME_FORMAT.format(m)}
+            allowed = set(_FIXED_RECORDS) | set(cfgs.values()) | {P.MODELS_FILENAME_FORMAT.format(m),
+                                                                 P.SAMPLE_INPUTS_FILENAME_FORMAT.format(m)}
+            prefixes = {"weights": P.WEIGHTS_DIR + P.WEIGHT_FILENAME_PREFIX,
+                        "constants": P.CONSTANTS_DIR + P.TENSOR_CONSTANT_FILENAME_PREFIX}
+            for kind, cfg_name in cfgs.items():
+                if cfg_name not in names:
+                    return f"no {cfg_name}"
+                cfg = json.loads(r.read_string(cfg_name)).get("config") or {}
+                for fqn, meta in cfg.items():
+                    path = (P.WEIGHTS_DIR if kind == "weights" else P.CONSTANTS_DIR) + str(meta.get("path_name"))
+                    if meta.get("use_pickle") or not path.startswith(prefixes[kind]):
+                        return f"{kind[:-1]} {fqn!r} is stored as a pickle ({meta.get('path_name')})"
+                    allowed.add(path)
+            extra = sorted(n for n in names - allowed)
+            if extra:
+                return f"records a plain program does not have: {', '.join(extra[:3])}"
+            sample = P.SAMPLE_INPUTS_FILENAME_FORMAT.format(m)
+            if sample in names:
+                torch.load(io.BytesIO(r.read_bytes(sample)), weights_only=True)
+    except Exception as exc:
+        return f"not a readable torch.export archive ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+    return None

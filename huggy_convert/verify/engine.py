@@ -16,7 +16,7 @@ from .. import contract as C
 from ..artifacts import BUILT, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
 from ..converter import Checkpoint, Policy, atomic_write_bytes
 from ..errors import HuggyError
-from ..exporters.pt2 import EXPORT_GATE
+from ..exporters.pt2 import EXPORT_GATE, unsafe_reason
 from ..exporters.devices import available_devices, device_name
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record, official_divisors
@@ -456,7 +456,11 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
         c4.add(K.check_runtime(title, runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
                                lambda r=runner: r(zero_feed), o.rtol))
     pt2_path = artifacts.path(PT2)
-    if o.program_load and pt2_path.is_file():
+    unsafe = unsafe_reason(pt2_path.read_bytes()) if o.program_load and pt2_path.is_file() else None
+    if unsafe:
+        c4.add(Check(f"saved program {pt2_path.name}", FAIL, f"not loaded: {unsafe}; torch.export.load would "
+                                                               "unpickle it, which can run code"))
+    elif o.program_load and pt2_path.is_file():
         try:
             with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
                 prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
