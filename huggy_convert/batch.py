@@ -64,6 +64,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -124,11 +125,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def clean_stale_temporaries(out: Path) -> List[Path]:
-    """Remove ``.<name>.<random>.tmp`` files a killed run left in ``out``."""
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_bytes' temporary names
+
+
+def clean_stale_temporaries(out: Path, names) -> List[Path]:
+    """Remove the ``.<name>.<random>.tmp`` files a killed run left in ``out`` for the files it writes
+    (``names``); any other ``.tmp`` is the user's and stays."""
     removed = []
+    names = set(names)
     for p in sorted(out.glob(".*.tmp")):
-        if p.is_file():
+        m = _TEMPORARY.match(p.name)
+        if m and m.group("name") in names and p.is_file() and not p.is_symlink():
             try:
                 p.unlink()
                 removed.append(p)
@@ -527,7 +534,8 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
     out.mkdir(parents=True, exist_ok=True)
-    clean_stale_temporaries(out)
+    clean_stale_temporaries(out, [MANIFEST_JSON, MANIFEST_CSV] + [f"{it.stem}{suffix}" for it in items if it.stem
+                                                                    for suffix in SUFFIXES.values()])
     jobs = max(1, int(jobs or _default_jobs()))
     light, full = batch_profiles(o)
     header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,

@@ -143,6 +143,23 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
+def _refuse_overwriting_sources(arts: ArtifactSet, src: Path, reference: Optional[Path]) -> None:
+    """Never write over what the user brought: the checkpoint, the official ONNX (or the golden
+    file beside it) must not be among the paths this conversion writes."""
+    theirs = {src.resolve(): src.name}
+    for p in ([reference, reference.with_suffix(SUFFIXES[GOLDEN])] if reference else []) + \
+            [src.with_suffix(SUFFIXES[ONNX]), src.with_suffix(SUFFIXES[GOLDEN])]:
+        if p.is_file():
+            theirs[p.resolve()] = p.name
+    for kind in SUFFIXES:
+        target = arts.path(kind)
+        name = theirs.get(target.resolve()) if target.exists() else None
+        if name is not None:
+            raise InputError(f"{target.name} would overwrite {name}, which this tool did not write (the official "
+                             "files ML-Agents wrote beside the checkpoint are the reference); choose another output "
+                             "directory", arts.dir)
+
+
 def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, checkpoint: Optional[Checkpoint] = None,
                 writer=None, stem: Optional[str] = None, profile=None, notes: Sequence[str] = (),
                 fsync: bool = True, suggest_reference: bool = True) -> ConvertResult:
@@ -165,6 +182,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     arts = ArtifactSet(out, stem or src.stem)
+    _refuse_overwriting_sources(arts, src, reference)
 
     kinds = [k for k in BUILT if k != PT2 or o.program]
     blobs = {k: EXPORTERS[k](conv.policy, o.opset, writer) for k in kinds}

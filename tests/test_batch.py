@@ -376,11 +376,15 @@ def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert 3 <= killed_with < 25
     (resumed / ".Small-1007.onnx.k1ll3d.tmp").write_bytes(b"half a file")  # what a kill mid-write leaves
+    (resumed / ".notes.tmp").write_bytes(b"the user's")  # not a name the tool writes: it stays
+    (resumed / ".draft.onnx.x1y2z3.tmp").write_bytes(b"the user's")
     r = run_cli(run, resumed, "--json", "--jobs", "2")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["skipped"] >= 2 and s["failed"] == 0
     assert sum(e["run"] in ("converted", "skipped", "checked") for e in manifest(resumed)["checkpoints"]) == 25
     assert artifacts(resumed) == artifacts(whole) and len(artifacts(whole)) == 24 * len(ARTIFACT_SUFFIXES)
-    assert [p.name for p in resumed.iterdir() if p.name.endswith(".tmp")] == []
-    assert sorted(p.name for p in resumed.iterdir()) == sorted(p.name for p in whole.iterdir())
+    assert sorted(p.name for p in resumed.iterdir() if p.name.endswith(".tmp")) == [".draft.onnx.x1y2z3.tmp",
+                                                                                     ".notes.tmp"]
+    users = {".draft.onnx.x1y2z3.tmp", ".notes.tmp"}
+    assert sorted(p.name for p in resumed.iterdir() if p.name not in users) == sorted(p.name for p in whole.iterdir())

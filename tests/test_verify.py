@@ -451,3 +451,16 @@ def test_verify_never_unpickles_a_hostile_program(out, tmp_path, where):
     r = invoke("verify", out, "--verify-dtype", "float32")
     assert not marker.exists(), "code from the .pt2 ran"
     assert r.exit_code == 1 and "not loaded" in r.stderr + r.stdout and "can run code" in r.stderr + r.stdout, r.output
+
+
+def test_converting_into_the_checkpoints_own_folder_overwrites_nothing(tmp_path):
+    """``huggy-convert run/Huggy/Huggy-1.pt run/Huggy/`` would replace the official ONNX (and its
+    golden file) with the rebuilt ones: refused, one line, exit 2, every file unchanged."""
+    run = tmp_path / "Huggy"
+    run.mkdir()
+    for suffix in (".pt", ".onnx", ".golden.npz"):
+        shutil.copyfile(HUGGY.with_suffix(suffix), run / f"{STEM}{suffix}")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    r = invoke(run / f"{STEM}.pt", run)
+    assert r.exit_code == 2 and f"{STEM}.onnx would overwrite {STEM}.onnx" in r.stderr, r.output
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
