@@ -104,23 +104,23 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
     guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
 
 
-@click.command("batch")
+@click.command("batch-sizes")
 @source_arg
 @click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
 @click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
-def batch_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
+def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
     """Batch sizes 16..512: time per size, and row i of every batch vs row i of the largest
     (max abs diff within the dtype's tolerance; bitwise reported). Exit 1 when unstable."""
     from ..errors import InputError
-    from .batch import batch
+    from .batch_sizes import batch_sizes
 
     def go():
         try:
             ns = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
             raise InputError(f"--sizes '{sizes}' is not a comma-separated list of integers") from None
-        return batch(_load(source), device, dtype, runtime, ns, seed, repeats)
+        return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
 
     guarded(go, as_json)
 
@@ -281,8 +281,8 @@ def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
     guarded(lambda: run_matrix(out, quick=quick, fixtures=fixtures, only=list(only), echo=not as_json), as_json)
 
 
-for _cmd in (act_cmd, sample_cmd, batch_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
+for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
     _cmd.help = inspect.cleandoc(_cmd.help or "") + "\n\n" + SOURCE_HELP
 
-COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
+COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
             benchmark_cmd, export_cmd, matrix_cmd)

@@ -17,7 +17,7 @@ def policy_beside(onnx_path: Path) -> Path:
     """The policy an ONNX came from: ``<stem>.pt`` or ``<stem>.safetensors`` beside it, or for a run
     directory's ``<Behavior>.onnx`` the ``<Behavior>/checkpoint.pt`` below it."""
     p = Path(onnx_path)
-    for cand in [p.with_suffix(s) for s in CKPT_SUFFIXES + (".safetensors",)] + [p.parent / p.stem / "checkpoint.pt"]:
+    for cand in [p.with_suffix(s) for s in CKPT_SUFFIXES + (".safetensors",)] + [p.parent / p.stem / C.CHECKPOINT_FILE]:
         if cand.is_file():
             return cand
     raise InputError("no policy to compare with (no <stem>.pt / .safetensors beside it): pass the checkpoint too", p)

@@ -417,8 +417,8 @@ class Matrix:
             s = self.src(vck)
             feed = make_feed(s, "random", 4, 0)
             npz, npy = self.file("twoobs.npz"), self.file("twoobs.npy")
-            np.savez(npz, **{k: v for k, v in feed.items() if k.startswith("obs_")})
-            np.save(npy, np.concatenate([feed[f"obs_{i}"] for i in range(len(s.spec.obs_sizes))], axis=1))
+            np.savez(npz, **{k: v for k, v in feed.items() if k != C.ACTION_MASKS and k != C.RECURRENT_IN})
+            np.save(npy, np.concatenate([feed[C.OBS_INPUT.format(i=i)] for i in range(len(s.spec.obs_sizes))], axis=1))
             a = act(s, obs=str(npz)).data["outputs"][C.OUT_CONT_DET]
             b = act(s, obs=str(npy)).data["outputs"][C.OUT_CONT_DET]
             sa = array_stats(a, b)
@@ -534,9 +534,9 @@ class Matrix:
         reps = 1 if self.quick else 5
 
         def c_batch(path, dtype="float32", runtime="auto", device="cpu"):
-            from .batch import batch
+            from .batch_sizes import batch_sizes
 
-            r = batch(self.src(path), device, dtype, runtime, repeats=reps)
+            r = batch_sizes(self.src(path), device, dtype, runtime, repeats=reps)
             figs = {}
             for row in r.data["results"]:
                 for k, s in row["outputs"].items():
@@ -545,20 +545,20 @@ class Matrix:
                     figs.setdefault(f"{k}:{key}", []).append(val)
             figs["bitwise_sizes"] = sum(all(s["bitwise"] for s in row["outputs"].values()) for row in r.data["results"])
             return Outcome(r.ok, figs, {"median_ms": {k: round(v["median_ms"], 3) for k, v in r.timings["per_batch"].items()}})
-        self.add(4, "torch cpu fp32: rows stable across sizes (derived float32 bound)", self.cmd("batch", ck),
+        self.add(4, "torch cpu fp32: rows stable across sizes (derived float32 bound)", self.cmd("batch-sizes", ck),
                  lambda: c_batch(ck))
-        self.add(4, "onnxruntime (rebuilt) cpu: rows stable across sizes", self.cmd("batch", ck, "--runtime onnxruntime"),
+        self.add(4, "onnxruntime (rebuilt) cpu: rows stable across sizes", self.cmd("batch-sizes", ck, "--runtime onnxruntime"),
                  lambda: c_batch(ck, runtime="onnxruntime"))
-        self.add(4, "official ONNX input: rows stable across sizes", self.cmd("batch", off), lambda: c_batch(off))
-        self.add(4, "torch cpu fp16: rows stable (<= 1e-2)", self.cmd("batch", ck, "--dtype float16"),
+        self.add(4, "official ONNX input: rows stable across sizes", self.cmd("batch-sizes", off), lambda: c_batch(off))
+        self.add(4, "torch cpu fp16: rows stable (<= 1e-2)", self.cmd("batch-sizes", ck, "--dtype float16"),
                  lambda: c_batch(ck, "float16"))
-        self.add(4, "torch cpu bf16: rows stable (<= 5e-2)", self.cmd("batch", ck, "--dtype bfloat16"),
+        self.add(4, "torch cpu bf16: rows stable (<= 5e-2)", self.cmd("batch-sizes", ck, "--dtype bfloat16"),
                  lambda: c_batch(ck, "bfloat16"))
         for name in ("discrete", "lstm"):
             self.add(4, f"variant {name}: rows stable ({'integers equal' if name == 'discrete' else 'memory out too'})",
-                     self.cmd("batch", self.variants.get(name) or name), lambda name=name: c_batch(self.variant(name)))
+                     self.cmd("batch-sizes", self.variants.get(name) or name), lambda name=name: c_batch(self.variant(name)))
         for dev in ("cuda", "npu"):
-            self.add(4, f"{dev} fp32: rows stable across sizes", self.cmd("batch", ck, f"--device {dev}"),
+            self.add(4, f"{dev} fp32: rows stable across sizes", self.cmd("batch-sizes", ck, f"--device {dev}"),
                      lambda dev=dev: c_batch(ck, device=dev), needs=dev)
 
         # 5 precision -----------------------------------------------------------------------
@@ -653,7 +653,7 @@ class Matrix:
                      self.cmd("onnx-compare", ck, off, f"--rows {rows} --bitwise"),
                      lambda rows=rows: c_cmp(ck, [off], [rows]))
         final_onnx = hd / "Huggy.onnx"
-        final_ck = hd / "Huggy" / "checkpoint.pt"
+        final_ck = hd / "Huggy" / C.CHECKPOINT_FILE
 
         def c_final():
             if not final_onnx.is_file() or not final_ck.is_file():
@@ -675,7 +675,7 @@ class Matrix:
 
             m = onnx.load(str(off))
             for t in m.graph.initializer:
-                if t.name.endswith("mu.bias"):
+                if t.name == C.MU.format(p="bias"):  # the official initializer keeps the checkpoint key
                     a = numpy_helper.to_array(t).copy()
                     a[0] += TAMPER
                     t.CopyFrom(numpy_helper.from_array(a, t.name))

@@ -148,7 +148,7 @@ class OnnxView:
         if v is not None:
             branches = tuple(int(x) for x in v.reshape(-1))
         mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
-        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and "_body_endoder" in n.name]
+        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and C.SCOPE_BODY_MARK in n.name]
         hidden = 0
         if body:
             w = self.tensor(body[0].input[1])
@@ -165,7 +165,7 @@ class OnnxView:
         for n in self.model.graph.node:
             if n.op_type in ("Gemm", "LSTM"):
                 size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
-                if "log_sigma" in n.name:
+                if C.SCOPE_LOG_SIGMA_MARK in n.name:
                     sig += size
                 else:
                     lin += size

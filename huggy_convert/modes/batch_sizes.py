@@ -1,4 +1,4 @@
-"""``batch``: batch sizes 16..512, time per size and stability of rows across sizes."""
+"""``batch-sizes``: batch sizes 16..512, time per size and stability of rows across sizes."""
 from __future__ import annotations
 
 import time
@@ -13,7 +13,7 @@ from ..verify.compare import array_stats
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 
 
-def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
+def batch_sizes(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
           sizes: Sequence[int] = BATCH_SIZES, seed: int = 0, repeats: int = 5) -> ModeResult:
     """Run the largest batch once as the reference, then every size on its first rows: row i of a
     smaller batch must equal row i of the largest (float32 with canonical tensors: both within the
@@ -32,7 +32,7 @@ def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str
     tol = tolerance(runner.dtype)
     bounded = runner.dtype == "float32" and src.policy is not None
     f64 = fp32_reference(src.policy, feed) if bounded else None  # rows are independent: sliced per size
-    r = ModeResult("batch")
+    r = ModeResult("batch-sizes")
     rows, times = [], {}
     for n in sizes:
         sub = {k: np.ascontiguousarray(v[:n]) for k, v in feed.items()}
@@ -62,7 +62,7 @@ def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str
               "seed": seed, "sizes": sizes, "reference_batch": big, "atol": tol.atol, "results": rows}
     r.timings = {"per_batch": times, "build_s": runner.build_seconds}
     rule = "within twice the derived float32 bound" if bounded else f"atol {g(tol.atol)}"
-    r.lines.append(f"batch {src.label}: {runner.label}; row i of each batch vs row i of batch {big} ({rule})")
+    r.lines.append(f"batch-sizes {src.label}: {runner.label}; row i of each batch vs row i of batch {big} ({rule})")
     for row in rows:
         n = row["batch"]
         parts = []
