@@ -25,8 +25,8 @@ from huggy_convert.exporters.torch_module import build_module, export_program
 from huggy_convert.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.verify.bounds import judge, reference_forward
-from huggy_convert.verify.probes import make_noise, make_probes
-from huggy_convert.verify.runtime import ort_run, ort_session
+from huggy_convert.runtime.feeds import make_noise, make_probes
+from huggy_convert.runtime import ort_run, ort_session
 
 CASES = [*step_checkpoints(HUGGY_RUN)] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]
 IDS = [p.stem for p in CASES]

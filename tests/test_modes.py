@@ -17,7 +17,7 @@ from huggy_convert import contract as C
 from huggy_convert.cli import main
 from huggy_convert.converter import save_policy
 from huggy_convert.exporters.onnx_export import build_onnx, with_noise_input
-from huggy_convert.verify.runtime import ort_run, ort_session
+from huggy_convert.runtime import ort_run, ort_session
 
 HUGGY = step_checkpoints(HUGGY_RUN)[-1]
 OFFICIAL = HUGGY.with_suffix(".onnx")
@@ -208,7 +208,8 @@ def test_sample_seeded_and_the_same_for_an_onnx(huggy_policy):
     assert a == b
     assert np.mean(np.array(a) != np.array(c)) > 0.5
     o = cli_json("sample", OFFICIAL, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
-    from huggy_convert.modes.sources import draw_noise, load_source, make_feed
+    from huggy_convert.modes.sources import load_source, make_feed
+    from huggy_convert.runtime import draw_noise
 
     feed, (eps, _) = make_feed(load_source(HUGGY), "random", 8, 0), draw_noise(huggy_policy.spec, 8, 7)
     assert agree(huggy_policy, feed, C.OUT_CONT, o, a, noise=eps)
@@ -227,7 +228,8 @@ def test_sample_noise_is_drawn_on_the_cpu(huggy_policy):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device here")
 def test_sample_same_on_cuda(huggy_policy):  # pragma: no cover - needs a GPU
-    from huggy_convert.modes.sources import draw_noise, load_source, make_feed
+    from huggy_convert.modes.sources import load_source, make_feed
+    from huggy_convert.runtime import draw_noise
 
     a = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8")["outputs"][C.OUT_CONT]
     b = cli_json("sample", HUGGY, "--seed", "7", "--rows", "8", "--device", "cuda")["outputs"][C.OUT_CONT]
@@ -308,7 +310,7 @@ def test_onnx_compare_variants_bitwise():
 def test_fingerprint_matches_verify_and_expect(huggy_policy, tmp_path):
     from huggy_convert.exporters.torch_module import build_module
     from huggy_convert.verify.checks import fingerprint, reference_fingerprint
-    from huggy_convert.verify.engine import module_runner
+    from huggy_convert.runtime import module_runner
 
     d = cli_json("fingerprint", HUGGY)
     want = reference_fingerprint(huggy_policy, 64, 0)

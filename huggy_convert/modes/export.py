@@ -11,9 +11,9 @@ from .. import contract as C
 from ..converter import atomic_write_bytes
 from ..errors import ExportError, InputError, UnsupportedError
 from ..verify.compare import array_stats
-from ..verify.runtime import ort_run
+from ..runtime import OrtRunner, make_noise
 from .common import ModeResult, compact_stats, g, is_bitwise
-from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed, ort_session_on
+from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed
 
 
 def default_out(src: Source, opset: int) -> Path:
@@ -107,14 +107,10 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         # no official ONNX: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime, bitwise
         ref_model = src.reference_onnx() if src.kind == KIND_ONNX else build_onnx(policy, C.ONNX_OPSET_DEFAULT)
         feed = make_feed(src, "probes", rows, seed)
-        ref_sess, dev = ort_session_on(ref_model, "cpu")
-        sess = ort_session_on(loaded, "cpu")[0]
         if noise_input:
-            from ..verify.probes import make_noise
-
-            ref_sess = ort_session_on(with_noise_input(ref_model), "cpu")[0]
+            ref_model = with_noise_input(ref_model)
             feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), rows, seed)})
-        want, got = ort_run(ref_sess, feed), ort_run(sess, feed)
+        want, got = OrtRunner(ref_model).infer(feed), OrtRunner(loaded).infer(feed)
         for name, a in want.items():
             if name in STOCHASTIC and not (noise_input and name == C.OUT_CONT):
                 continue

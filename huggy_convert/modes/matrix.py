@@ -455,7 +455,7 @@ class Matrix:
 
         def sample_agree(path, a, b, rows, seed=0):
             """Two float32 samples of ``path`` with the seed's CPU noise, judged by the derived bound."""
-            from .sources import draw_noise
+            from ..runtime import draw_noise
 
             s = self.src(path)
             eps, _ = draw_noise(s.spec, rows, seed)
@@ -474,7 +474,7 @@ class Matrix:
                  self.cmd("sample", ck, "--seed 0 --rows 8 --runtime onnxruntime"), c_ort_sample)
 
         def c_formula():
-            from .sources import draw_noise
+            from ..runtime import draw_noise
 
             s = self.src(ck)
             feed = make_feed(s, "random", 256, 0)
@@ -588,7 +588,7 @@ class Matrix:
 
         def c_fp16_norm():
             from ..exporters.torch_module import build_module
-            from ..verify.engine import module_runner
+            from ..runtime import module_runner
 
             s = self.src(ck)
             feed = make_feed(s, "probes", 64, 0)
@@ -734,10 +734,10 @@ class Matrix:
             figs, ok = {}, True
             for name, vck in self.present_variants():
                 s = self.src(vck)
-                t1 = fp(make_runner(s).run, s.policy, 64, 0)
-                t2 = fp(make_runner(s).run, s.policy, 64, 0)
-                o1 = fp(make_runner(s, runtime="onnxruntime").run, s.policy, 64, 0)
-                o2 = fp(make_runner(self.src(vck.with_suffix(".onnx"))).run, s.policy, 64, 0)
+                t1 = fp(make_runner(s).infer, s.policy, 64, 0)
+                t2 = fp(make_runner(s).infer, s.policy, 64, 0)
+                o1 = fp(make_runner(s, runtime="onnxruntime").infer, s.policy, 64, 0)
+                o2 = fp(make_runner(self.src(vck.with_suffix(".onnx"))).infer, s.policy, 64, 0)
                 figs[name] = t1[:12]
                 ok = ok and t1 == t2 and o1 == o2
             return Outcome(ok, figs)
@@ -922,7 +922,7 @@ class Matrix:
 
         def c_pt2():
             from ..exporters.torch_module import build_module, export_program, save_program
-            from ..verify.engine import module_runner, program_runner
+            from ..runtime import module_runner, program_runner
 
             s = self.src(ck)
             mod = build_module(s.policy)

@@ -61,7 +61,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
                 r.ok = False
             results.append(row)
     r.data = {"source": src.label, "reference": ref_runner.label, "rows": rows, "seed": seed, "probes":
-              "verify.probes.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
+              "runtime.feeds.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
     r.lines.append(f"precision {src.label}: against {ref_runner.label} on {rows} probes (seed {seed})")
     mark = {PASS: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
     for row in results:

@@ -20,11 +20,11 @@ from ..converter.reference import divisor_record, official_divisors
 from ..exporters.onnx_export import model_bytes, with_noise_input
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
+from ..runtime import INTRA_OP_THREADS, module_runner, ort_run, ort_session, program_runner
+from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
 from .bounds import Float64Policy, within_both
-from .probes import make_noise, make_probes
 from .report import FAIL, PASS, SKIP, WARN, Check, Report
-from .runtime import INTRA_OP_THREADS, ort_run, ort_session
 
 GOLDEN_IN, GOLDEN_OUT, GOLDEN_NOISE, GOLDEN_NOISED = "in.", "out.", "noise", "noised." + C.OUT_CONT
 GOLDEN_HOST = "host"  # JSON of host.host_info() where the golden outputs were computed
@@ -56,40 +56,6 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
         "ort_inter_op_threads": 1, "torch_threads": torch.get_num_threads(),
         "devices": {d: device_name(d) for d in devices}, "host": host_info(),
     }
-
-
-def module_runner(module) -> Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]:
-    import torch
-
-    dev = next(module.parameters()).device
-
-    def run(feed):
-        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])).to(dev) for n in module.input_names]
-        with torch.no_grad():
-            out = module(*xs)
-        return {n: o.detach().float().cpu().numpy() if o.dtype.is_floating_point else o.cpu().numpy()
-                for n, o in zip(module.output_names, out)}
-
-    return run
-
-
-def program_runner(path, input_names, output_names):
-    """Load a saved ``.pt2`` with plain torch.export and run its module on the CPU."""
-    import torch
-
-    ep = torch.export.load(str(path))
-    mod = ep.module()
-    buffers = {k: str(v.dtype).replace("torch.", "") for k, v in ep.state_dict.items() if k.startswith("norm")}
-    buffers.update({k: str(v.dtype).replace("torch.", "") for k, v in ep.constants.items() if str(k).startswith("norm")})
-
-    def run(feed):
-        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in input_names]
-        with torch.no_grad():
-            out = mod(*xs)
-        return {n: o.detach().float().numpy() if o.dtype.is_floating_point else o.numpy()
-                for n, o in zip(output_names, out)}
-
-    return run, buffers
 
 
 def load_golden(path) -> Dict[str, Dict[str, np.ndarray]]:
