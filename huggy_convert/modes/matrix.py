@@ -25,8 +25,8 @@ import numpy as np
 
 from .. import contract as C
 from ..errors import HuggyError, InputError
-from ..verify.compare import DEFAULT_TOLERANCES, array_stats
-from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g, is_bitwise
+from ..verify.compare import DEFAULT_TOLERANCES, Comparison, compare_arrays
+from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
 from .sources import (Source, devices_present, display_path, load_source, make_feed,
                       make_runner, ort_providers)
 from ..rundir import step_checkpoints
@@ -98,13 +98,13 @@ def fig_line(figs: Dict[str, Any]) -> str:
     return " ".join(f"{k}={fmt(v)}" for k, v in figs.items())
 
 
-def _st(s: Dict[str, Any]) -> Dict[str, Any]:
-    """max_abs and bitwise count of one array_stats (integers: equal count)."""
-    if "shape_mismatch" in s:
-        return {"shape_mismatch": s["shape_mismatch"]}
-    if s.get("mismatches") is not None:
-        return {"equal": f"{s['bitwise_equal']}/{s['count']}"}
-    return {"max_abs": float(s["max_abs"]), "bitwise": f"{s['bitwise_equal']}/{s['count']}"}
+def _st(c: Comparison) -> Dict[str, Any]:
+    """max_abs and bitwise count of one comparison (integers: equal count)."""
+    if c.shape_mismatch is not None:
+        return {"shape_mismatch": c.shape_mismatch}
+    if c.integer:
+        return {"equal": f"{c.bitwise_equal}/{c.count}"}
+    return {"max_abs": float(c.max_abs), "bitwise": f"{c.bitwise_equal}/{c.count}"}
 
 
 def _sha(arrays: Dict[str, np.ndarray]) -> str:
@@ -210,9 +210,8 @@ class Matrix:
         figs, ok = {}, True
         for n in names or [k for k in a if k in b]:
             j = fp32_agree(ref, n, a[n], b[n])
-            st = array_stats(a[n], b[n])
-            figs[n] = _st(st) | ({"bound_ratio": round(float(j["ratio"]), 6)} if "ratio" in j else {})
-            ok = ok and j["ok"]
+            figs[n] = _st(j) | ({"bound_ratio": round(float(j.bound_ratio), 6)} if j.bound_ratio is not None else {})
+            ok = ok and j.ok
         return Outcome(ok, figs)
 
     def vs_official(self, ck: Path, feed, bitwise_ort: bool = True) -> Outcome:
@@ -226,9 +225,9 @@ class Matrix:
         o = self.agree(ck, feed, off, torch_out, names)
         figs, ok = {f"torch:{k}": v for k, v in o.figures.items()}, o.ok
         for n in names:
-            b = array_stats(off[n], ort_out[n])
+            b = compare_arrays(off[n], ort_out[n])
             figs[f"ort:{n}"] = _st(b)
-            ok = ok and (is_bitwise(b) if bitwise_ort else self.agree(ck, feed, off, ort_out, [n]).ok)
+            ok = ok and (b.bitwise if bitwise_ort else self.agree(ck, feed, off, ort_out, [n]).ok)
         return Outcome(ok, figs)
 
     # --- the cases ------------------------------------------------------------------------
@@ -346,8 +345,8 @@ class Matrix:
 
             a = act(self.src(ck), runtime="onnxruntime", obs="zeros")
             b = act(self.src(off), obs="zeros")
-            s = array_stats(b.data["outputs"][C.OUT_CONT_DET], a.data["outputs"][C.OUT_CONT_DET])
-            return Outcome(is_bitwise(s), _st(s) | {"sha": _sha(a.data["outputs"])})
+            s = compare_arrays(b.data["outputs"][C.OUT_CONT_DET], a.data["outputs"][C.OUT_CONT_DET])
+            return Outcome(s.bitwise, _st(s) | {"sha": _sha(a.data["outputs"])})
         self.add(2, "zeros through an ONNX input equals the checkpoint through onnxruntime (bitwise)",
                  self.cmd("act", off, "--obs zeros"), c_zero_onnx)
         for seed, rows in ((0, 8), (1, 32)):
@@ -382,8 +381,8 @@ class Matrix:
             # the same 4 rows both ways (a GEMM's rounding may depend on the batch size on some CPUs)
             a = act(self.src(ck), obs=str(jp)).data["outputs"][C.OUT_CONT_DET]
             b = act(self.src(ck), obs=str(p4)).data["outputs"][C.OUT_CONT_DET]
-            s = array_stats(b, a)
-            return Outcome(is_bitwise(s), _st(s))
+            s = compare_arrays(b, a)
+            return Outcome(s.bitwise, _st(s))
         self.add(2, "observations from JSON equal the same rows from .npy (bitwise)",
                  self.cmd("act", ck, f"--obs {self.p(self.out)}/obs.json"), c_json)
 
@@ -392,8 +391,8 @@ class Matrix:
 
             a = act(self.src(self.safetensors()), obs="zeros").data["outputs"]
             b = act(self.src(ck), obs="zeros").data["outputs"]
-            s = array_stats(b[C.OUT_CONT_DET], a[C.OUT_CONT_DET])
-            return Outcome(is_bitwise(s), _st(s))
+            s = compare_arrays(b[C.OUT_CONT_DET], a[C.OUT_CONT_DET])
+            return Outcome(s.bitwise, _st(s))
         self.add(2, "safetensors policy acts exactly like the checkpoint",
                  self.cmd("act", self.out / f"{ck.stem}.safetensors", "--obs zeros"), c_st_act)
 
@@ -421,10 +420,10 @@ class Matrix:
             np.save(npy, np.concatenate([feed[C.OBS_INPUT.format(i=i)] for i in range(len(s.spec.obs_sizes))], axis=1))
             a = act(s, obs=str(npz)).data["outputs"][C.OUT_CONT_DET]
             b = act(s, obs=str(npy)).data["outputs"][C.OUT_CONT_DET]
-            sa = array_stats(a, b)
+            sa = compare_arrays(a, b)
             o = self.vs_official(vck, make_feed(s, str(npz)))
             o.figures["npz_vs_npy"] = _st(sa)
-            o.ok = o.ok and is_bitwise(sa)
+            o.ok = o.ok and sa.bitwise
             return o
         self.add(2, "two observations: .npz by input name = concatenated .npy; vs official",
                  self.cmd("act", self.variants.get("twoobs") or "twoobs", f"--obs {self.p(self.out)}/twoobs.npz"),
@@ -443,8 +442,8 @@ class Matrix:
 
         def c_same():
             a, b = samp(ck, 0), samp(ck, 0)
-            s = array_stats(a[C.OUT_CONT], b[C.OUT_CONT])
-            return Outcome(is_bitwise(s), {"bitwise": f"{s['bitwise_equal']}/{s['count']}", "sha": _sha(a)})
+            s = compare_arrays(a[C.OUT_CONT], b[C.OUT_CONT])
+            return Outcome(s.bitwise, {"bitwise": f"{s.bitwise_equal}/{s.count}", "sha": _sha(a)})
         self.add(3, "same seed twice: identical", self.cmd("sample", ck, "--seed 0 --rows 8"), c_same)
 
         def c_diff():
@@ -468,8 +467,8 @@ class Matrix:
 
         def c_ort_sample():
             a, b = samp(ck, 0, runtime="onnxruntime"), samp(off, 0)
-            s = array_stats(b[C.OUT_CONT], a[C.OUT_CONT])
-            return Outcome(is_bitwise(s), _st(s))
+            s = compare_arrays(b[C.OUT_CONT], a[C.OUT_CONT])
+            return Outcome(s.bitwise, _st(s))
         self.add(3, "rebuilt ONNX vs official ONNX with the same noise: bitwise",
                  self.cmd("sample", ck, "--seed 0 --rows 8 --runtime onnxruntime"), c_ort_sample)
 
@@ -595,11 +594,11 @@ class Matrix:
             ref = self.det(ck, feed)[C.OUT_CONT_DET]
             good = module_runner(build_module(s.policy, "cpu", "float16"))(feed)[C.OUT_CONT_DET]
             bad = module_runner(build_module(s.policy, "cpu", "float16", normalizer_dtype="float16"))(feed)[C.OUT_CONT_DET]
-            sg, sb = array_stats(ref, good), array_stats(ref, bad)
             tol = DEFAULT_TOLERANCES["float16"]
-            return Outcome(tol.passes(sg) and not tol.passes(sb),
-                           {"fp32_normalizer": {"cosine": round(sg["cosine"], 6), "max_abs": sg["max_abs"]},
-                            "fp16_normalizer": {"cosine": round(sb["cosine"], 6), "max_abs": sb["max_abs"]}})
+            sg, sb = tol.compare(ref, good), tol.compare(ref, bad)
+            return Outcome(sg.ok and not sb.ok,
+                           {"fp32_normalizer": {"cosine": round(sg.cosine, 6), "max_abs": sg.max_abs},
+                            "fp16_normalizer": {"cosine": round(sb.cosine, 6), "max_abs": sb.max_abs}})
         self.add(5, "fp16 keeps the normalizer fp32: an fp16 normalizer is caught (Huggy overflows fp16)",
                  self.cmd("precision", ck, "--device cpu --dtype float16"), c_fp16_norm)
 
