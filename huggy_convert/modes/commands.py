@@ -251,25 +251,29 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
 
 
 @click.command("matrix")
+@click.argument("source", required=False, type=click.Path(path_type=Path), metavar="[CKPT|RUN_DIR]")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("huggy-matrix"), show_default=True,
               help="folder for matrix.log, matrix.json and the files the cases write")
 @click.option("--quick", is_flag=True, help="only the cases that take seconds (latency-heavy ones are SKIPPED)")
-@click.option("--fixtures", type=click.Path(path_type=Path), help="fixtures folder (default: the bundled fixtures/)")
+@click.option("--fixtures", type=click.Path(path_type=Path),
+              help="instead of CKPT|RUN_DIR: a fixtures folder laid out as the bundled one (huggy/, variants/)")
 @click.option("--only", multiple=True, metavar="N", help="run only these groups or cases (e.g. 2, 6.1); repeatable")
 @click.option("--list", "list_only", is_flag=True, help="print the numbered listing without running it")
 @json_opt
-def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
-    """The numbered test matrix: 10 groups, every case one line with its number, the equivalent
-    huggy-convert command, figures and a verdict (PASS / FAIL / SKIP; accelerator cases SKIP where
-    none exists). Seeded: two runs print the same figures (latencies are in a separate column).
-    Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
+def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
+    """The numbered test matrix on a checkpoint or run directory: 10 groups, every case one line with
+    its number, the equivalent huggy-convert command, figures and a verdict (PASS / FAIL / SKIP). Cases
+    that need what the input lacks (its official ONNX, an older checkpoint, an LSTM or discrete policy,
+    an accelerator) SKIP and say why. Seeded: two runs print the same figures (latencies are in a
+    separate column). Without CKPT|RUN_DIR, in a source checkout: the bundled fixtures (Huggy and the
+    variants). Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
     from .matrix import list_cases, run_matrix
 
     if list_only:
         def listing():
             from .common import ModeResult
 
-            cases = list_cases(fixtures, out)
+            cases = list_cases(fixtures, out, source)
             r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
                                                 "groups": len({c["group"] for c in cases})})
             r.lines = [f"{c['number']:<5} {c['title']}  [{c['command']}]"
@@ -278,7 +282,8 @@ def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
             return r
 
         guarded(listing, as_json)
-    guarded(lambda: run_matrix(out, quick=quick, fixtures=fixtures, only=list(only), echo=not as_json), as_json)
+    guarded(lambda: run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only), echo=not as_json),
+            as_json)
 
 
 for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
