@@ -20,8 +20,8 @@ from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import newest_checkpoint
-from ..runtime import (STOCHASTIC, ModuleRunner, OrtRunner, Runner, complete_feed, draw_noise,  # noqa: F401
-                       make_probes, ort_providers, random_obs, zeros_obs)
+from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
+from ..runtime import STOCHASTIC, ort_providers  # noqa: F401 (the modes take them from here)
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"

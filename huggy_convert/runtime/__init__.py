@@ -10,8 +10,11 @@ the completed masks and memories, the CPU noise) is made in :mod:`.feeds`.
 
 Stages below (contract, converter, exporters) are used; verify and modes use this layer.
 """
-from .base import STOCHASTIC, Runner, deterministic  # noqa: F401
-from .feeds import complete_feed, draw_noise, make_noise, make_probes, random_obs, zeros_obs  # noqa: F401
-from .ort import (INTRA_OP_THREADS, OrtRunner, ort_provider_for, ort_providers, ort_run,  # noqa: F401
-                  ort_session, ort_session_on)
-from .torch_runners import ModuleRunner, ProgramRunner, module_runner, program_runner  # noqa: F401
+from .base import STOCHASTIC, Runner, deterministic
+from .feeds import complete_feed, draw_noise, make_noise, make_probes, random_obs, zeros_obs
+from .ort import INTRA_OP_THREADS, OrtRunner, ort_provider_for, ort_providers, ort_run, ort_session, ort_session_on
+from .torch_runners import ModuleRunner, ProgramRunner, module_runner, program_runner
+
+__all__ = ["Runner", "STOCHASTIC", "deterministic", "OrtRunner", "ModuleRunner", "ProgramRunner", "ort_session",
+           "ort_session_on", "ort_run", "ort_providers", "ort_provider_for", "INTRA_OP_THREADS", "module_runner",
+           "program_runner", "make_probes", "make_noise", "draw_noise", "random_obs", "zeros_obs", "complete_feed"]
