@@ -76,7 +76,7 @@ def main():
 
     \b
     huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
-    huggy-convert results/Huggy/ out/        a whole run directory (see 'batch' options)
+    huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert verify out/                re-check the artifacts in out/
 
     Exit codes: 0 success, 1 a verification failed, 2 bad input or usage.

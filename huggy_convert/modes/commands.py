@@ -110,8 +110,10 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
 @click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
-    """Batch sizes 16..512: time per size, and row i of every batch vs row i of the largest
-    (max abs diff within the dtype's tolerance; bitwise reported). Exit 1 when unstable."""
+    """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
+    OUT/'): time per size, and row i of every batch vs row i of the largest (float32 with canonical
+    tensors: within the derived float32 bound; otherwise the dtype's tolerance; bitwise reported).
+    Exit 1 when unstable."""
     from ..errors import InputError
     from .batch_sizes import batch_sizes
 
