@@ -48,7 +48,6 @@ GROUPS = {
     10: "export (opsets 9-15) and multi-device consistency",
 }
 HUGGY_PARAMS = (566_805, 566_826)  # REFERENCE.md: Huggy's actor, linear layers / with log_sigma
-FP16_MAX = 65504.0
 
 
 @dataclass
@@ -196,9 +195,6 @@ NEEDS = {  # need -> (what it is, whether the matrix has it)
     "normalizer": ("a normalizer (normalize: true)", lambda m: m.spec.normalize),
     "continuous": ("continuous actions", lambda m: bool(m.spec.continuous_size)),
     "ppo_continuous": ("a PPO continuous head", lambda m: bool(m.spec.continuous_size) and m.spec.algorithm == "ppo"),
-    "fp16_overflow": ("a normalizer whose running_variance overflows float16",
-                      lambda m: m.spec.normalize and any(float(m.main.policy.tensors[C.c_norm(i, C.NORM_VAR)].max())
-                                                         > FP16_MAX for i in range(len(m.spec.obs_sizes)))),
     "cuda": ("a cuda device", lambda m: any(d.startswith("cuda") for d in m.devices)),
     "npu": ("a npu device", lambda m: any(d.startswith("npu") for d in m.devices)),
     "cuda_ep": ("onnxruntime's CUDA execution provider", lambda m: "CUDAExecutionProvider" in m.providers),

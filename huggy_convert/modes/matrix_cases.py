@@ -482,21 +482,27 @@ for _dev in ("cpu", "cuda", "npu"):
 
 
 @case(5, "fp16 keeps the normalizer fp32: an fp16 normalizer is caught (Huggy overflows fp16)",
-      lambda m: m.cmd("precision", m.ck, "--device cpu --dtype float16"), needs=("fp16_overflow",))
+      lambda m: m.cmd("precision", m.ck, "--device cpu --dtype float16"), needs=("normalizer", "continuous"))
 def c_fp16_norm(m):
+    """The module in fp16 keeps its normalizer fp32 and stays within fp16's tolerance. That an fp16
+    normalizer fails depends on the policy's scale: required on the bundled Huggy (the known trap),
+    reported for any other input."""
     from ..exporters.torch_module import build_module
     from ..runtime import module_runner
 
     s = m.main
-    out = main_output(s.spec)
+    out = C.OUT_CONT_DET
     feed = make_feed(s, "probes", 64, 0)
     ref = m.det(m.ck, feed)[out]
     good = module_runner(build_module(s.policy, "cpu", "float16"))(feed)[out]
     bad = module_runner(build_module(s.policy, "cpu", "float16", normalizer_dtype="float16"))(feed)[out]
     tol = DEFAULT_TOLERANCES["float16"]
     sg, sb = tol.compare(ref, good), tol.compare(ref, bad)
-    return Outcome(sg.ok and not sb.ok, {"fp32_normalizer": {"cosine": round(sg.cosine, 6), "max_abs": sg.max_abs},
-                                         "fp16_normalizer": {"cosine": round(sb.cosine, 6), "max_abs": sb.max_abs}})
+    figs = {"fp32_normalizer": {"cosine": round(sg.cosine, 6), "max_abs": sg.max_abs},
+            "fp16_normalizer": {"cosine": round(sb.cosine, 6), "max_abs": sb.max_abs}}
+    if m.t.expect_params is None:  # not the bundled Huggy: whether its fp16 normalizer fails is a figure
+        return Outcome(sg.ok, figs | {"fp16_normalizer_caught": not sb.ok})
+    return Outcome(sg.ok and not sb.ok, figs)
 
 
 @case(5, "every variant in fp16 on cpu (floats within fp16 tolerance; argmax flips reported)",
