@@ -175,7 +175,7 @@ def floor_child(run: Path, jobs: int) -> None:
     # two things every checkpoint needs whatever else is skipped: its ONNX built and serialised, and
     # one onnxruntime session on it (verification runs the rebuilt graph); both timed warm
     from huggy_convert.exporters.onnx_export import build_onnx, model_bytes
-    from huggy_convert.verify.runtime import ort_session
+    from huggy_convert.runtime import ort_session
 
     reps = 20
     for _ in range(3):

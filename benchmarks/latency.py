@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from huggy_convert.converter import convert_checkpoint  # noqa: E402
 from huggy_convert.exporters.onnx_export import build_onnx, model_bytes  # noqa: E402
 from huggy_convert.exporters.torch_module import build_module, export_program  # noqa: E402
-from huggy_convert.verify.probes import make_probes  # noqa: E402
-from huggy_convert.verify.runtime import ort_session  # noqa: E402
+from huggy_convert.runtime.feeds import make_probes  # noqa: E402
+from huggy_convert.runtime import ort_session  # noqa: E402
 
 
 def main():

@@ -76,7 +76,7 @@ def main():
 
     \b
     huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
-    huggy-convert results/Huggy/ out/        a whole run directory (see 'batch' options)
+    huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert verify out/                re-check the artifacts in out/
 
     Exit codes: 0 success, 1 a verification failed, 2 bad input or usage.
@@ -172,28 +172,21 @@ _register_modes(main)
 
 
 def entry() -> None:  # console script
-    """Run the CLI, then leave without the interpreter's teardown (torch's and onnxruntime's
-    finalisers take ~0.5 s): every artifact is already written, closed and renamed by then."""
-    import os
+    """Run the CLI and exit with its code.
+
+    Interpreter shutdown took ~0.5 s after the work was done (measured after ``act``: 0.44-0.55 s):
+    CPython's finalization runs full garbage collections while it clears modules, and each one walks
+    every object torch created at import. ``gc.freeze()`` moves those objects to the permanent
+    generation first, so the collections have almost nothing to traverse (0.14 s left: plain module
+    teardown, which os._exit used to skip).
+    Nothing is skipped: atexit handlers, buffered output and open files are finalised as usual;
+    only cyclic garbage left at exit is not collected, which the operating system reclaims."""
+    import gc
 
     try:
-        code = main(standalone_mode=False)
-        code = 0 if code is None else code
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except click.exceptions.Exit as e:
-        code = e.exit_code
-    except click.ClickException as e:
-        e.show()
-        code = e.exit_code
-    except click.exceptions.Abort:
-        click.echo("Aborted!", err=True)
-        code = 1
-    except KeyboardInterrupt:
-        code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        main()
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover

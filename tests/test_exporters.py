@@ -25,8 +25,8 @@ from huggy_convert.exporters.torch_module import build_module, export_program
 from huggy_convert.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.verify.bounds import judge, reference_forward
-from huggy_convert.verify.probes import make_noise, make_probes
-from huggy_convert.verify.runtime import ort_run, ort_session
+from huggy_convert.runtime.feeds import make_noise, make_probes
+from huggy_convert.runtime import ort_run, ort_session
 
 CASES = [*step_checkpoints(HUGGY_RUN)] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]
 IDS = [p.stem for p in CASES]
@@ -377,19 +377,19 @@ def test_module_compiles_with_full_graph():
                 assert torch.equal(x, y)
 
 
-def test_one_row_fast_path_equals_the_general_path():
-    """Huggy's shape at batch 1 (eager, autograd off) takes _forward_row; the general path gives the same bits."""
+def test_one_row_at_a_time_is_the_same_in_every_grad_mode():
+    """A Unity-style call (one row, eager, autograd off) gives the same bits as the same row with autograd
+    on (the out-of-place path a training loop takes) and under inference_mode, row after row."""
     pol = case(HUGGY)[0]
     mod = build_module(pol)
-    assert mod._one_row_shape
     x = torch.from_numpy(make_probes(pol, 16, seed=8)["obs_0"])
     with torch.no_grad():
         fast = [mod(x[i:i + 1])[0] for i in range(16)]
-        mod._one_row_shape = False
-        general = [mod(x[i:i + 1])[0] for i in range(16)]
-    assert all(torch.equal(a, b) for a, b in zip(fast, general))
+    with torch.inference_mode():
+        assert all(torch.equal(mod(x[i:i + 1])[0], fast[i]) for i in range(16))
     with torch.enable_grad():  # out of place, autograd on: the same numbers again
         assert all(torch.equal(mod(x[i:i + 1])[0].detach(), fast[i]) for i in range(16))
+    assert all(f.shape == (1, pol.spec.continuous_size) for f in fast)
 
 
 def test_autograd_path_equals_the_in_place_path_and_backpropagates():

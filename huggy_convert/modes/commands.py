@@ -104,23 +104,25 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
     guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
 
 
-@click.command("batch")
+@click.command("batch-sizes")
 @source_arg
 @click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
 @click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
-def batch_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
-    """Batch sizes 16..512: time per size, and row i of every batch vs row i of the largest
-    (max abs diff within the dtype's tolerance; bitwise reported). Exit 1 when unstable."""
+def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
+    """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
+    OUT/'): time per size, and row i of every batch vs row i of the largest (float32 with canonical
+    tensors: within the derived float32 bound; otherwise the dtype's tolerance; bitwise reported).
+    Exit 1 when unstable."""
     from ..errors import InputError
-    from .batch import batch
+    from .batch_sizes import batch_sizes
 
     def go():
         try:
             ns = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
             raise InputError(f"--sizes '{sizes}' is not a comma-separated list of integers") from None
-        return batch(_load(source), device, dtype, runtime, ns, seed, repeats)
+        return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
 
     guarded(go, as_json)
 
@@ -251,25 +253,29 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
 
 
 @click.command("matrix")
+@click.argument("source", required=False, type=click.Path(path_type=Path), metavar="[CKPT|RUN_DIR]")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("huggy-matrix"), show_default=True,
               help="folder for matrix.log, matrix.json and the files the cases write")
 @click.option("--quick", is_flag=True, help="only the cases that take seconds (latency-heavy ones are SKIPPED)")
-@click.option("--fixtures", type=click.Path(path_type=Path), help="fixtures folder (default: the bundled fixtures/)")
+@click.option("--fixtures", type=click.Path(path_type=Path),
+              help="instead of CKPT|RUN_DIR: a fixtures folder laid out as the bundled one (huggy/, variants/)")
 @click.option("--only", multiple=True, metavar="N", help="run only these groups or cases (e.g. 2, 6.1); repeatable")
 @click.option("--list", "list_only", is_flag=True, help="print the numbered listing without running it")
 @json_opt
-def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
-    """The numbered test matrix: 10 groups, every case one line with its number, the equivalent
-    huggy-convert command, figures and a verdict (PASS / FAIL / SKIP; accelerator cases SKIP where
-    none exists). Seeded: two runs print the same figures (latencies are in a separate column).
-    Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
+def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
+    """The numbered test matrix on a checkpoint or run directory: 10 groups, every case one line with
+    its number, the equivalent huggy-convert command, figures and a verdict (PASS / FAIL / SKIP). Cases
+    that need what the input lacks (its official ONNX, an older checkpoint, an LSTM or discrete policy,
+    an accelerator) SKIP and say why. Seeded: two runs print the same figures (latencies are in a
+    separate column). Without CKPT|RUN_DIR, in a source checkout: the bundled fixtures (Huggy and the
+    variants). Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
     from .matrix import list_cases, run_matrix
 
     if list_only:
         def listing():
             from .common import ModeResult
 
-            cases = list_cases(fixtures, out)
+            cases = list_cases(fixtures, out, source)
             r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
                                                 "groups": len({c["group"] for c in cases})})
             r.lines = [f"{c['number']:<5} {c['title']}  [{c['command']}]"
@@ -278,11 +284,12 @@ def matrix_cmd(out, quick, fixtures, only, list_only, as_json):
             return r
 
         guarded(listing, as_json)
-    guarded(lambda: run_matrix(out, quick=quick, fixtures=fixtures, only=list(only), echo=not as_json), as_json)
+    guarded(lambda: run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only), echo=not as_json),
+            as_json)
 
 
-for _cmd in (act_cmd, sample_cmd, batch_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
+for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
     _cmd.help = inspect.cleandoc(_cmd.help or "") + "\n\n" + SOURCE_HELP
 
-COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
+COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
             benchmark_cmd, export_cmd, matrix_cmd)

@@ -4,14 +4,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..verify.compare import DEFAULT_TOLERANCES, array_stats
+from ..verify.compare import DEFAULT_TOLERANCES, Comparison, Tolerance, array_stats, compare_arrays
 from .sources import to_jsonable
 
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
+FP32_BOUND = "derived float32 bound"  # the rule of fp32_agree
 
 
 @dataclass
@@ -49,43 +50,15 @@ def g(x, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
-def stats_line(s: Dict[str, Any]) -> str:
-    if "shape_mismatch" in s:
-        return f"shape {s['shape_mismatch'][1]} != expected {s['shape_mismatch'][0]}"
-    if s.get("mismatches") is not None:
-        return f"{s['bitwise_equal']}/{s['count']} equal"
-    return (f"max_abs={g(s['max_abs'], 3)} cos={s['cosine']:.9f} max_ulp={s['max_ulp']} "
-            f"bitwise={s['bitwise_equal']}/{s['count']}")
-
-
-def compact_stats(s: Dict[str, Any]) -> Dict[str, Any]:
-    keep = ("count", "bitwise_equal", "max_abs", "max_rel", "max_ulp", "mean_abs", "cosine", "mismatches",
-            "shape_mismatch", "non_finite")
-    return {k: s[k] for k in keep if k in s}
-
-
-def is_bitwise(s: Dict[str, Any]) -> bool:
-    return "shape_mismatch" not in s and s.get("bitwise_equal") == s.get("count")
-
-
-def within(s: Dict[str, Any], atol: float, cosine: float = -1.0) -> bool:
-    if "shape_mismatch" in s:
-        return False
-    if s.get("mismatches") is not None:
-        return s["mismatches"] == 0
-    return s["max_abs"] <= atol and s["cosine"] >= cosine
-
-
-def compare_outputs(ref: Dict[str, np.ndarray], got: Dict[str, np.ndarray], names: Sequence[str]) -> Dict[str, Dict]:
-    out = {}
-    for n in names:
-        if n in ref and n in got:
-            out[n] = array_stats(ref[n], got[n])
-    return out
-
-
-def tolerance(dtype: str):
+def tolerance(dtype: str) -> Tolerance:
+    """verify's tolerance of ``dtype`` (float32 runtimes of a policy with tensors: :func:`fp32_agree`)."""
     return DEFAULT_TOLERANCES[dtype]
+
+
+def compare_outputs(ref: Dict[str, np.ndarray], got: Dict[str, np.ndarray], names: Sequence[str],
+                    tol: Optional[Tolerance] = None) -> Dict[str, Comparison]:
+    """Per output in ``names`` that both have: ``got`` against ``ref``, bitwise or by ``tol``."""
+    return {n: compare_arrays(ref[n], got[n], tol) for n in names if n in ref and n in got}
 
 
 def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
@@ -95,20 +68,24 @@ def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
     return reference_forward(policy, feed, noise)
 
 
-def fp32_agree(ref, name: str, a: np.ndarray, b: np.ndarray) -> Dict[str, Any]:
+def fp32_agree(ref, name: str, a: np.ndarray, b: np.ndarray) -> Comparison:
     """Whether two float32 runs of one policy on one feed agree as well as float32 can promise on
     every host: each float element within the derived bound of the float64 reference ``ref``
     (:func:`fp32_reference`), so ``|a - b| <= 2 bound`` (verify.bounds.within_both); argmax outputs:
-    each equal to the reference's or a float32 tie. ``{"ok", "max_abs", "ratio", ...}``; ``ratio`` =
-    max |a - b| / (2 bound)."""
+    each equal to the reference's or a float32 tie. The figures are ``a`` against ``b``;
+    ``bound_ratio`` = max |a - b| / (2 bound)."""
     from ..verify.bounds import judge, within_both
 
     if name not in ref.values:
-        return {"ok": False, "missing": name}
+        return Comparison(count=0, bitwise_equal=0, max_abs=float("inf"), ok=False,
+                          rule=f"'{name}' is not an output of the reference")
+    s = array_stats(a, b)
+    if "shape_mismatch" in s:
+        return Comparison.of(s, False, FP32_BOUND)
     if ref.values[name].dtype.kind in "iu":
-        ja, jb = judge(ref, name, a), judge(ref, name, b)
-        return {"ok": ja["ok"] and jb["ok"], "equal": f"{int(np.sum(np.asarray(a) == np.asarray(b)))}/{np.asarray(a).size}"}
-    return within_both(ref, ref, name, a, b)
+        return Comparison.of(s, judge(ref, name, a)["ok"] and judge(ref, name, b)["ok"], FP32_BOUND)
+    j = within_both(ref, ref, name, a, b)
+    return Comparison.of(s, j["ok"], FP32_BOUND, bound_ratio=j["ratio"])
 
 
 def percentiles(samples_s: Sequence[float]) -> Dict[str, float]:

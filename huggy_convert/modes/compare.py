@@ -7,7 +7,8 @@ from typing import Dict, List, Sequence, Tuple
 
 from .. import contract as C
 from ..errors import ExportError, InputError
-from .common import ModeResult, compact_stats, is_bitwise
+from ..verify.compare import Comparison
+from .common import ModeResult
 from .sources import CKPT_SUFFIXES, Source, display_path, load_onnx, load_source
 
 ROWS = (64,)
@@ -17,7 +18,7 @@ def policy_beside(onnx_path: Path) -> Path:
     """The policy an ONNX came from: ``<stem>.pt`` or ``<stem>.safetensors`` beside it, or for a run
     directory's ``<Behavior>.onnx`` the ``<Behavior>/checkpoint.pt`` below it."""
     p = Path(onnx_path)
-    for cand in [p.with_suffix(s) for s in CKPT_SUFFIXES + (".safetensors",)] + [p.parent / p.stem / "checkpoint.pt"]:
+    for cand in [p.with_suffix(s) for s in CKPT_SUFFIXES + (".safetensors",)] + [p.parent / p.stem / C.CHECKPOINT_FILE]:
         if cand.is_file():
             return cand
     raise InputError("no policy to compare with (no <stem>.pt / .safetensors beside it): pass the checkpoint too", p)
@@ -68,7 +69,8 @@ def _outputs(c3, feed_name: str) -> Dict[str, Dict]:
         f = dict(ch.figures or {})
         if "count" not in f:  # the Multinomial sample: checked for validity, never bitwise (no seed)
             continue
-        out[name] = dict(compact_stats(f), bitwise=is_bitwise(f), ok=ch.status != "fail", summary=ch.summary)
+        c = Comparison.of(f, ch.status != "fail", "verify's check 3")
+        out[name] = dict(c.figures(), bitwise=c.bitwise, ok=c.ok, summary=ch.summary)
     return out
 
 

@@ -10,10 +10,10 @@ from typing import Dict, Optional
 from .. import contract as C
 from ..converter import atomic_write_bytes
 from ..errors import ExportError, InputError, UnsupportedError
-from ..verify.compare import array_stats
-from ..verify.runtime import ort_run
-from .common import ModeResult, compact_stats, g, is_bitwise
-from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed, ort_session_on
+from ..verify.compare import Comparison, compare_arrays
+from ..runtime import OrtRunner, make_noise
+from .common import ModeResult, g
+from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed
 
 
 def default_out(src: Source, opset: int) -> Path:
@@ -100,29 +100,26 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         for ch in checks[-1].children:
             f = ch.figures or {}
             if "count" in f:
-                outs[ch.title] = dict(compact_stats(f), bitwise=is_bitwise(f), ok=ch.status != "fail")
+                c = Comparison.of(f, ch.status != "fail", "verify's check 3")
+                outs[ch.title] = dict(c.figures(), bitwise=c.bitwise, ok=c.ok)
         matched = all(c.status != "fail" for c in checks)
         ref_text = f"official {display_path(official_path)} (verify's checks 2 and 3)"
     else:
         # no official ONNX: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime, bitwise
         ref_model = src.reference_onnx() if src.kind == KIND_ONNX else build_onnx(policy, C.ONNX_OPSET_DEFAULT)
         feed = make_feed(src, "probes", rows, seed)
-        ref_sess, dev = ort_session_on(ref_model, "cpu")
-        sess = ort_session_on(loaded, "cpu")[0]
         if noise_input:
-            from ..verify.probes import make_noise
-
-            ref_sess = ort_session_on(with_noise_input(ref_model), "cpu")[0]
+            ref_model = with_noise_input(ref_model)
             feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), rows, seed)})
-        want, got = ort_run(ref_sess, feed), ort_run(sess, feed)
+        want, got = OrtRunner(ref_model).infer(feed), OrtRunner(loaded).infer(feed)
         for name, a in want.items():
             if name in STOCHASTIC and not (noise_input and name == C.OUT_CONT):
                 continue
             if name not in got:
                 outs[name] = {"missing": True, "ok": False}
                 continue
-            s = array_stats(a, got[name])
-            outs[name] = dict(compact_stats(s), bitwise=is_bitwise(s), ok=is_bitwise(s) and a.dtype == got[name].dtype)
+            c = compare_arrays(a, got[name])
+            outs[name] = dict(c.figures(), bitwise=c.bitwise, ok=c.bitwise and a.dtype == got[name].dtype)
         matched = all(o["ok"] for o in outs.values())
         ref_text = ("the input ONNX" if src.kind == KIND_ONNX else "opset-9 rebuild") + " (onnxruntime cpu, bitwise)"
     r.ok = r.ok and matched

@@ -28,7 +28,7 @@ def matches(expected: str, full: str) -> bool:
 
 def fingerprint(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
                 steps: Sequence[int] = STEPS, seed: int = 0, expect: Sequence[str] = ()) -> ModeResult:
-    """Observation t drawn by verify.probes at the normalizer's scale (an ONNX: its folded
+    """Observation t drawn by runtime.feeds.make_probes at the normalizer's scale (an ONNX: its folded
     mean/divisor), memories fed back, masks all ones; sha256 over the float32 bytes of the
     deterministic actions. ``sha256``: the float64 reference's (host-independent) where the source
     has canonical tensors, else the runtime's (an ONNX input: host-local). The runtime's sequence is
@@ -39,8 +39,8 @@ def fingerprint(src: Source, device: str = "cpu", dtype: str = "float32", runtim
     r = ModeResult("fingerprint")
     results = {}
     for n in steps:
-        a = fp(runner.run, pol, int(n), seed)
-        b = fp(runner.run, pol, int(n), seed)
+        a = fp(runner.infer, pol, int(n), seed)
+        b = fp(runner.infer, pol, int(n), seed)
         ref = reference_fingerprint(pol, int(n), seed) if has_ref else a
         results[str(n)] = {"sha256": ref, "host_independent": has_ref, "runtime_sha256": a, "stable": a == b}
         r.ok = r.ok and a == b

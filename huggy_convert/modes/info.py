@@ -46,7 +46,7 @@ def counted_parameters(src: Source) -> Dict[str, int]:
     spec, T = src.spec, src.policy.tensors
     lin = sum(int(v.size) for k, v in T.items()
               if k.startswith(("body.", "lstm.", "discrete.")) or k in (C.C_MU_W, C.C_MU_B))
-    sig = sum(int(v.size) for k, v in T.items() if k.startswith("continuous.log_sigma"))
+    sig = sum(int(v.size) for k, v in T.items() if k.startswith(C.C_LOG_SIGMA))
     return {"linear": spec.parameter_count(include_log_sigma=False),
             "with_log_sigma": spec.parameter_count(include_log_sigma=True),
             "tensors_linear": lin, "tensors_with_log_sigma": lin + sig,

@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from ..errors import HuggyError
-from ..verify.compare import array_stats
-from .common import FAIL, PASS, SKIP, WARN, ModeResult, compact_stats, fp32_agree, fp32_reference, g, stats_line, tolerance
+from .common import FAIL, PASS, SKIP, WARN, ModeResult, fp32_agree, fp32_reference, g, tolerance
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
 
 
@@ -13,10 +12,11 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
               rows: int = 64, seed: int = 0, runtime: str = "auto") -> ModeResult:
     """Each device x dtype against the CPU float32 reference (torch eager; onnxruntime for an ONNX)
     on verify's seeded probes. Verdicts use verify's rules: float32 within twice the derived bound
-    of the float64 reference (verify.bounds; an ONNX input, without canonical tensors: max_abs <=
-    1e-6 and cosine >= 0.999999), float16 <= 1e-2 / >= 0.999; bfloat16 (<= 5e-2 / >= 0.995) is reported and
-    over it marked not-for-production (WARN), not failed. Integer (discrete) outputs must agree
-    exactly in float32; in reduced precision a flipped argmax is a WARN."""
+    of the float64 reference (verify.bounds; an ONNX input, without canonical tensors: verify's
+    float32 Tolerance, atol 1e-6 / rtol 1e-5 element-wise and cosine >= 0.999999), float16 atol 1e-2 /
+    cosine >= 0.999; bfloat16 (5e-2 / 0.995) is reported and over it marked not-for-production (WARN),
+    not failed (verify.compare.Tolerance: an element fails only past both atol and rtol). Integer
+    (discrete) outputs must agree exactly in float32; in reduced precision a flipped argmax is a WARN."""
     devices = list(devices) if devices else devices_present()
     feed = make_feed(src, "probes", rows, seed)
     names = src.spec.deterministic_output_names()
@@ -39,21 +39,17 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
             status = PASS
             outs = {}
             for k in names:
-                s = array_stats(ref[k], got[k])
-                outs[k] = compact_stats(s)
                 if dt == "float32" and f64 is not None:  # the derived bound: the same rule on every host
-                    j = fp32_agree(f64, k, ref[k], got[k])
-                    outs[k]["bound_ratio"] = j.get("ratio")
-                    if not j["ok"]:
+                    c = fp32_agree(f64, k, ref[k], got[k])
+                    outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
+                    if not c:
                         status = FAIL
                     continue
-                if s.get("mismatches") is not None:
-                    ok = s["mismatches"] == 0 and "shape_mismatch" not in s
-                    bad = FAIL if dt == "float32" else WARN
-                else:
-                    ok = tol.passes(s)
-                    bad = WARN if dt == "bfloat16" else FAIL
-                if not ok:
+                c = tol.compare(ref[k], got[k])
+                outs[k] = c.figures()
+                # an argmax flipped in reduced precision, or a bf16 output over its threshold: a warning
+                bad = FAIL if (dt == "float32" or (not c.integer and dt != "bfloat16")) else WARN
+                if not c:
                     status = FAIL if FAIL in (status, bad) else WARN
             row.update(status=status, runtime=runner.runtime, resolved=runner.device, atol=tol.atol,
                        min_cosine=tol.cosine, outputs=outs)
@@ -61,7 +57,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
                 r.ok = False
             results.append(row)
     r.data = {"source": src.label, "reference": ref_runner.label, "rows": rows, "seed": seed, "probes":
-              "verify.probes.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
+              "runtime.feeds.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
     r.lines.append(f"precision {src.label}: against {ref_runner.label} on {rows} probes (seed {seed})")
     mark = {PASS: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
     for row in results:
@@ -71,7 +67,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
             continue
         parts = []
         for k, s in row["outputs"].items():
-            parts.append(f"{k}: " + (stats_line(dict(s)) if "mismatches" in s else
+            parts.append(f"{k}: " + (f"{s['bitwise_equal']}/{s['count']} equal" if "mismatches" in s else
                                       f"cos={s['cosine']:.6f} max_abs={g(s['max_abs'], 3)}"))
         note = " (over the bf16 threshold: not for production)" if row["status"] == WARN and row["dtype"] == "bfloat16" else ""
         r.lines.append(f"{head} {'; '.join(parts)}{note}")

@@ -1,5 +1,6 @@
 """Inputs of the run modes: any source (.pt, .safetensors, .onnx, run directory), its signature,
-observation feeds, and runners (torch eager on cpu/cuda/npu, onnxruntime on CPU / CUDA EP).
+observation feeds, and which runtime runner (runtime/: torch eager on cpu/cuda/npu, onnxruntime on
+CPU / CUDA EP) runs it.
 
 An ONNX carries no canonical tensors: it runs through onnxruntime in float32 only. Where a mode
 or a device/dtype needs the tensors (dtype casting, torch on an NPU), the error says so and the
@@ -11,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,11 +20,12 @@ from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import newest_checkpoint
+from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
+from ..runtime import STOCHASTIC, ort_providers  # noqa: F401 (the modes take them from here)
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
 DTYPES = ("float32", "float16", "bfloat16")
-STOCHASTIC = (C.OUT_CONT, C.OUT_DISC)
 CONSTANT_OUTPUTS = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_DISC_SHAPE)
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
@@ -148,7 +150,7 @@ class OnnxView:
         if v is not None:
             branches = tuple(int(x) for x in v.reshape(-1))
         mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
-        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and "_body_endoder" in n.name]
+        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and C.SCOPE_BODY_MARK in n.name]
         hidden = 0
         if body:
             w = self.tensor(body[0].input[1])
@@ -165,7 +167,7 @@ class OnnxView:
         for n in self.model.graph.node:
             if n.op_type in ("Gemm", "LSTM"):
                 size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
-                if "log_sigma" in n.name:
+                if C.SCOPE_LOG_SIGMA_MARK in n.name:
                     sig += size
                 else:
                     lin += size
@@ -247,7 +249,7 @@ class Source:
         return out
 
     def probe_policy(self) -> Policy:
-        """A policy for verify.probes / checks.fingerprint: the real one, or for an ONNX a stand-in
+        """A policy for runtime.feeds.make_probes / checks.fingerprint: the real one, or for an ONNX a stand-in
         whose normalizer is its folded (mean, divisor) (variance = divisor^2 in float64, steps 1)."""
         if self.policy is not None:
             return self.policy
@@ -301,27 +303,6 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
 
 
 # --- observations ------------------------------------------------------------------------
-def random_obs(src: Source, rows: int, seed: int) -> Dict[str, np.ndarray]:
-    """Observations at the normalizer's scale: ``mean + divisor * z``, z ~ N(0, 1) from
-    ``numpy.random.default_rng(seed)`` (unit scale without a normalizer)."""
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for i, (mean, div) in enumerate(src.obs_scale()):
-        z = rng.standard_normal((rows, mean.size))
-        feed[C.OBS_INPUT.format(i=i)] = (mean.astype(np.float64) + div.astype(np.float64) * z).astype(np.float32)
-    return feed
-
-
-def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Add all-ones action masks and zero memories where the feed has none."""
-    rows = next(iter(feed.values())).shape[0]
-    if spec.discrete_branches and C.ACTION_MASKS not in feed:
-        feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
-    if spec.memory_size and C.RECURRENT_IN not in feed:
-        feed[C.RECURRENT_IN] = np.zeros((rows, 1, spec.memory_size), np.float32)
-    return feed
-
-
 def _as_rows(a, width: int, name: str, path: Path) -> np.ndarray:
     try:
         a = np.asarray(a, dtype=np.float32)
@@ -399,175 +380,36 @@ def make_feed(src: Source, obs: str = "random", rows: int = 1, seed: int = 0) ->
     if rows < 1:
         raise InputError(f"--rows must be at least 1, got {rows}")
     if obs == "random":
-        feed = random_obs(src, rows, seed)
+        feed = random_obs(src.obs_scale(), rows, seed)
     elif obs == "zeros":
-        feed = {C.OBS_INPUT.format(i=i): np.zeros((rows, n), np.float32) for i, n in enumerate(src.spec.obs_sizes)}
+        feed = zeros_obs(src.spec, rows)
     elif obs == "probes":
-        from ..verify.probes import make_probes
-
         return make_probes(src.probe_policy(), rows=rows, seed=seed)
     else:
         feed = read_obs_file(src.spec, obs)
     return complete_feed(src.spec, feed)
 
 
-# --- devices and runners -----------------------------------------------------------------
-def ort_providers() -> List[str]:
-    import onnxruntime as ort
-
-    return list(ort.get_available_providers())
-
-
-def ort_provider_for(device: str) -> Tuple[str, str]:
-    """(execution provider, device label) for an ONNX run on ``device``."""
-    base = device.split(":")[0]
-    have = ort_providers()
-    if device == "auto":
-        if "CANNExecutionProvider" in have:
-            return "CANNExecutionProvider", "npu"
-        if "CUDAExecutionProvider" in have:
-            return "CUDAExecutionProvider", "cuda"
-        return "CPUExecutionProvider", "cpu"
-    if base == "cpu":
-        return "CPUExecutionProvider", "cpu"
-    if base == "cuda":
-        if "CUDAExecutionProvider" not in have:
-            raise DeviceError("device 'cuda' for onnxruntime needs its CUDA execution provider (onnxruntime-gpu); "
-                              f"this onnxruntime has {', '.join(have)}")
-        return "CUDAExecutionProvider", device
-    if base == "npu":
-        if "CANNExecutionProvider" not in have:
-            raise DeviceError("device 'npu' is not available for onnxruntime here (no CANN execution provider); "
-                              "give the .pt or .safetensors to run the torch module on the NPU")
-        return "CANNExecutionProvider", device
-    raise DeviceError(f"unknown device '{device}': choose cpu, cuda, npu or auto")
-
-
-def ort_session_on(model, device: str = "cpu"):
-    """onnxruntime session on ``device``: CPU (one intra-op thread, as the verifier) or an accelerator EP
-    (verify.runtime.ort_session makes both)."""
-    from ..verify.runtime import ort_session
-
-    provider, label = ort_provider_for(device)
-    if provider == "CPUExecutionProvider":
-        return ort_session(model), label
-    opts = {"device_id": int(device.split(":")[1])} if ":" in device else {}
-    sess = ort_session(model, provider=provider, provider_options=opts)
-    if provider not in sess.get_providers():
-        raise DeviceError(f"onnxruntime could not start {provider} on {device}")
-    return sess, label
-
-
-@dataclass
-class Runner:
-    """Runs one source on one device/runtime/dtype. ``run`` gives the deterministic outputs
-    (plus constant outputs under onnxruntime); ``sample`` the stochastic ones for a seed."""
-
-    runtime: str
-    device: str
-    dtype: str
-    spec: PolicySpec
-    run: Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]
-    sample_fn: Optional[Callable[..., Dict[str, np.ndarray]]] = None
-    build_seconds: float = 0.0
-    note: str = ""
-    module: Optional[object] = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.runtime} {self.device} {self.dtype}"
-
-    def deterministic(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        out = self.run(feed)
-        return {k: v for k, v in out.items() if k not in STOCHASTIC}
-
-    def sample(self, feed: Dict[str, np.ndarray], seed: int) -> Dict[str, np.ndarray]:
-        if self.sample_fn is None:
-            raise UnsupportedError(f"sampling is not available on {self.label}")
-        return self.sample_fn(feed, seed)
-
-
-def draw_noise(spec: PolicySpec, rows: int, seed: int):
-    """The noise ``PolicyModule.sample`` draws for ``seed`` (on the CPU), as numpy arrays."""
-    from ..exporters.torch_module import draw_noise as torch_noise
-
-    eps, u = torch_noise(spec, rows, seed)
-    return eps.numpy(), u.numpy()
-
-
-def torch_runner(src: Source, device: str = "cpu", dtype: str = "float32") -> Runner:
-    import torch
-
-    from ..exporters.torch_module import build_module
-    from ..verify.engine import module_runner
-
-    src.require_tensors("the torch runtime")
-    if dtype not in DTYPES:
-        raise DeviceError(f"unknown dtype '{dtype}': choose float32, float16 or bfloat16")
-    t0 = time.perf_counter()
-    mod = build_module(src.policy, device=device, dtype=dtype)
-    dev = str(next(mod.parameters()).device)
-    run = module_runner(mod)
-    build = time.perf_counter() - t0
-    names = [n for n in (C.OUT_CONT, C.OUT_DISC) if (n == C.OUT_CONT and src.spec.continuous_size)
-             or (n == C.OUT_DISC and src.spec.discrete_branches)]
-
-    def sample(feed, seed):
-        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])).to(dev) for n in mod.input_names]
-        with torch.no_grad():
-            out = mod.sample(*xs, seed=seed)
-        return {n: o.detach().float().cpu().numpy() if o.dtype.is_floating_point else o.cpu().numpy()
-                for n, o in zip(names, out)}
-
-    return Runner(RUNTIME_TORCH, dev, dtype, src.spec, run, sample, build, module=mod)
-
-
-def ort_runner(src: Source, device: str = "cpu", dtype: str = "float32", model=None) -> Runner:
-    from ..exporters.onnx_export import with_noise_input
-    from ..verify.runtime import ort_run
-
-    if dtype != "float32":
-        what = "an ONNX input" if src.kind == KIND_ONNX else "the onnxruntime runtime"
-        raise DeviceError(f"--dtype {dtype} is not available for {what}: the ONNX is float32 and casting needs "
-                          "canonical tensors (use the torch runtime on the .pt or .safetensors)", src.path)
-    model = model if model is not None else src.reference_onnx()
-    t0 = time.perf_counter()
-    sess, label = ort_session_on(model, device)
-    build = time.perf_counter() - t0
-    spec = src.spec
-    cache: Dict[str, object] = {}
-
-    def run(feed):
-        return ort_run(sess, feed)
-
-    def sample(feed, seed):
-        if not spec.continuous_size:
-            raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
-                                   "node has no seed (give the .pt or .safetensors)", src.path)
-        if "noise" not in cache:
-            cache["noise"] = ort_session_on(with_noise_input(model), device)[0]
-        rows = next(iter(feed.values())).shape[0]
-        eps, _ = draw_noise(spec, rows, seed)
-        out = ort_run(cache["noise"], dict(feed, **{C.NOISE_INPUT: eps}))
-        return {C.OUT_CONT: out[C.OUT_CONT]}
-
-    note = ""
-    if spec.discrete_branches and spec.continuous_size:
-        note = "discrete actions are not sampled for an ONNX (its Multinomial has no seed): continuous only"
-    return Runner(RUNTIME_ORT, label, "float32", spec, run, sample, build, note=note)
-
-
+# --- runners (runtime/) -------------------------------------------------------------------
 def make_runner(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto") -> Runner:
-    """torch eager for a policy, onnxruntime for an ONNX (``runtime`` forces one)."""
+    """A runtime runner for ``src``: torch eager for a policy, onnxruntime for an ONNX (``runtime``
+    forces one; onnxruntime on a policy runs the ONNX rebuilt from it)."""
     if runtime == "auto":
         runtime = RUNTIME_ORT if src.kind == KIND_ONNX else RUNTIME_TORCH
     if runtime == RUNTIME_TORCH:
         if src.kind == KIND_ONNX:
             raise UnsupportedError("the torch runtime is not available for an ONNX input: it carries no canonical "
                                    "tensors (give the .pt checkpoint or the .safetensors policy)", src.path)
-        return torch_runner(src, device, dtype)
+        src.require_tensors("the torch runtime")
+        if dtype not in DTYPES:
+            raise DeviceError(f"unknown dtype '{dtype}': choose float32, float16 or bfloat16")
+        return ModuleRunner.build(src.policy, device, dtype)
     if runtime == RUNTIME_ORT:
-        return ort_runner(src, device, dtype)
+        if dtype != "float32":
+            what = "an ONNX input" if src.kind == KIND_ONNX else "the onnxruntime runtime"
+            raise DeviceError(f"--dtype {dtype} is not available for {what}: the ONNX is float32 and casting needs "
+                              "canonical tensors (use the torch runtime on the .pt or .safetensors)", src.path)
+        return OrtRunner(src.reference_onnx(), device, spec=src.spec, path=src.path)
     raise InputError(f"unknown runtime '{runtime}': choose torch, onnxruntime or auto")
 
 

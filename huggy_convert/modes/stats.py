@@ -69,7 +69,7 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
             feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
         if mem is not None:
             feed[C.RECURRENT_IN] = mem
-        det = runner.run(feed)
+        det = runner.infer(feed)
         out = dict(det)
         if stochastic:
             out.update(runner.sample(feed, seed + 1 + t))

@@ -1,7 +1,8 @@
-"""Array comparison in Polygraphy's style: per-output statistics and tolerances."""
+"""Array comparison in Polygraphy's style: per-output statistics (:func:`array_stats`), one result
+struct (:class:`Comparison`, true when it passes) and one tolerance rule (:class:`Tolerance`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional
 
 import numpy as np
@@ -63,15 +64,90 @@ def _first(ref, got, diff_mask) -> Dict[str, object]:
     return d
 
 
+FIGURES = ("count", "bitwise_equal", "max_abs", "max_rel", "max_ulp", "mean_abs", "cosine", "mismatches",
+           "shape_mismatch", "non_finite")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One output of a runtime against its reference: the figures of :func:`array_stats` and the verdict
+    of one rule (``rule``: "bitwise", a :class:`Tolerance`, or "derived float32 bound"). True when it
+    passes. ``integer``: an integer output (``bitwise_equal`` counts equal elements; ``cosine`` is None).
+    ``bound_ratio``: under the derived bound, the worst error over the bound (< 1 passes)."""
+
+    count: int
+    bitwise_equal: int
+    max_abs: float
+    ok: bool
+    rule: str = "bitwise"
+    cosine: Optional[float] = None
+    integer: bool = False
+    shape_mismatch: Optional[list] = None
+    max_rel: Optional[float] = None
+    max_ulp: Optional[int] = None
+    mean_abs: Optional[float] = None
+    non_finite: Optional[int] = None
+    violations: Optional[int] = None
+    bound_ratio: Optional[float] = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def bitwise(self) -> bool:
+        return self.shape_mismatch is None and self.bitwise_equal == self.count
+
+    @property
+    def mismatches(self) -> Optional[int]:
+        return self.count - self.bitwise_equal if self.integer and self.shape_mismatch is None else None
+
+    @classmethod
+    def of(cls, stats: Dict[str, object], ok: Optional[bool] = None, rule: str = "bitwise", **kw) -> "Comparison":
+        """From :func:`array_stats`' figures (or a check's, which are the same); ``ok`` None: bitwise."""
+        c = cls(count=int(stats.get("count", 0)), bitwise_equal=int(stats.get("bitwise_equal", 0)),
+                max_abs=float(stats.get("max_abs", 0.0)), ok=False, rule=rule, cosine=stats.get("cosine"),
+                integer=stats.get("mismatches") is not None, shape_mismatch=stats.get("shape_mismatch"),
+                max_rel=stats.get("max_rel"), max_ulp=stats.get("max_ulp"), mean_abs=stats.get("mean_abs"),
+                non_finite=stats.get("non_finite"), **kw)
+        return replace(c, ok=c.bitwise if ok is None else bool(ok))
+
+    def figures(self) -> Dict[str, object]:
+        """The figures for JSON (the keys :func:`array_stats` gives, those that apply)."""
+        d = {k: getattr(self, k) for k in FIGURES}
+        return {k: v for k, v in d.items() if v is not None}
+
+    def line(self) -> str:
+        """One line of text, the same on every run."""
+        if self.shape_mismatch is not None:
+            return f"shape {self.shape_mismatch[1]} != expected {self.shape_mismatch[0]}"
+        if self.integer:
+            return f"{self.bitwise_equal}/{self.count} equal"
+        return (f"max_abs={self.max_abs:.3g} cos={self.cosine:.9f} max_ulp={self.max_ulp} "
+                f"bitwise={self.bitwise_equal}/{self.count}")
+
+
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tolerance: Optional["Tolerance"] = None) -> Comparison:
+    """``got`` against ``ref``: bitwise, or by ``tolerance``'s element-wise rule."""
+    if tolerance is not None:
+        return tolerance.compare(ref, got)
+    return Comparison.of(array_stats(ref, got))
+
+
 @dataclass(frozen=True)
 class Tolerance:
-    """Polygraphy's rule, element by element: an element fails only when its absolute error
-    exceeds ``atol`` *and* its relative error exceeds ``rtol`` (``rtol=None``: absolute only);
-    the whole output must also keep ``cosine`` similarity. Integer outputs must agree exactly."""
+    """The one tolerance rule, Polygraphy's, element by element: an element fails only when its
+    absolute error exceeds ``atol`` *and* its relative error exceeds ``rtol`` (``rtol=None``: absolute
+    only); the whole output must also keep ``cosine`` similarity. Integer outputs must agree exactly,
+    shapes must match."""
 
     atol: float
     cosine: float
     rtol: Optional[float] = None
+
+    @property
+    def rule(self) -> str:
+        return f"atol {self.atol:g}" + (f", rtol {self.rtol:g}" if self.rtol is not None else "") + \
+            f", cosine >= {self.cosine:g}"
 
     def violations(self, ref: np.ndarray, got: np.ndarray) -> int:
         r, g = np.asarray(ref, np.float64), np.asarray(got, np.float64)
@@ -81,16 +157,18 @@ class Tolerance:
             bad &= ~(d <= self.rtol * np.abs(r))
         return int(bad.sum())
 
-    def passes(self, stats: Dict[str, object], ref=None, got=None) -> bool:
-        if "shape_mismatch" in stats:
-            return False
-        if stats.get("mismatches") is not None:  # integer outputs: must agree exactly
-            return stats["mismatches"] == 0
-        if stats["cosine"] < self.cosine:
-            return False
-        if ref is not None and got is not None:
-            return self.violations(ref, got) == 0
-        return stats["max_abs"] <= self.atol
+    def compare(self, ref: np.ndarray, got: np.ndarray) -> Comparison:
+        s = array_stats(ref, got)
+        if "shape_mismatch" in s:
+            return Comparison.of(s, False, self.rule)
+        if s.get("mismatches") is not None:  # integer outputs: must agree exactly
+            return Comparison.of(s, s["mismatches"] == 0, self.rule)
+        n = self.violations(ref, got)
+        return Comparison.of(s, s["cosine"] >= self.cosine and n == 0, self.rule, violations=n)
+
+    def passes(self, stats: Dict[str, object], ref: np.ndarray, got: np.ndarray) -> bool:
+        """verify.checks' form of :meth:`compare` (``stats``: its array_stats of the same arrays)."""
+        return bool(self.compare(ref, got))
 
 
 # float32 runtimes are judged by the derived bound (verify.bounds), not by these numbers: the float32

@@ -1,4 +1,4 @@
-"""``batch``: batch sizes 16..512, time per size and stability of rows across sizes."""
+"""``batch-sizes``: batch sizes 16..512, time per size and stability of rows across sizes."""
 from __future__ import annotations
 
 import time
@@ -6,19 +6,18 @@ from typing import Sequence
 
 import numpy as np
 
-from .common import ModeResult, compact_stats, fp32_agree, fp32_reference, g, is_bitwise, tolerance, within
+from .common import ModeResult, fp32_agree, fp32_reference, g, tolerance
 from .sources import Source, make_feed, make_runner
-from ..verify.compare import array_stats
 
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 
 
-def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
-          sizes: Sequence[int] = BATCH_SIZES, seed: int = 0, repeats: int = 5) -> ModeResult:
+def batch_sizes(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto",
+                sizes: Sequence[int] = BATCH_SIZES, seed: int = 0, repeats: int = 5) -> ModeResult:
     """Run the largest batch once as the reference, then every size on its first rows: row i of a
     smaller batch must equal row i of the largest (float32 with canonical tensors: both within the
-    derived bound of the float64 reference, verify.bounds; otherwise the dtype's tolerance; bitwise
-    reported). Times: median of ``repeats`` runs after one warm-up."""
+    derived bound of the float64 reference, verify.bounds; otherwise the dtype's Tolerance, the rule
+    verify applies; bitwise reported). Times: median of ``repeats`` runs after one warm-up."""
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] < 1:
         from ..errors import InputError
@@ -32,7 +31,7 @@ def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str
     tol = tolerance(runner.dtype)
     bounded = runner.dtype == "float32" and src.policy is not None
     f64 = fp32_reference(src.policy, feed) if bounded else None  # rows are independent: sliced per size
-    r = ModeResult("batch")
+    r = ModeResult("batch-sizes")
     rows, times = [], {}
     for n in sizes:
         sub = {k: np.ascontiguousarray(v[:n]) for k, v in feed.items()}
@@ -46,23 +45,22 @@ def batch(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str
         per = {}
         ok = True
         for k in names:
-            s = array_stats(ref[k][:n], out[k])
-            per[k] = compact_stats(s)
             if bounded:  # float32 with canonical tensors: the derived bound, the same rule on every host
-                j = fp32_agree(f64.rows(n), k, ref[k][:n], out[k])
-                per[k]["bound_ratio"] = j.get("ratio")
-                ok = ok and j["ok"]
+                c = fp32_agree(f64.rows(n), k, ref[k][:n], out[k])
+                per[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
             else:
-                ok = ok and within(s, tol.atol)
-            per[k]["bitwise"] = is_bitwise(s)
+                c = tol.compare(ref[k][:n], out[k])
+                per[k] = c.figures()
+            ok = ok and bool(c)
+            per[k]["bitwise"] = c.bitwise
         rows.append({"batch": n, "ok": ok, "outputs": per})
         times[str(n)] = {"median_ms": float(np.median(ts) * 1e3), "per_row_us": float(np.median(ts) * 1e6 / n)}
         r.ok = r.ok and ok
     r.data = {"source": src.label, "runtime": runner.runtime, "device": runner.device, "dtype": runner.dtype,
               "seed": seed, "sizes": sizes, "reference_batch": big, "atol": tol.atol, "results": rows}
     r.timings = {"per_batch": times, "build_s": runner.build_seconds}
-    rule = "within twice the derived float32 bound" if bounded else f"atol {g(tol.atol)}"
-    r.lines.append(f"batch {src.label}: {runner.label}; row i of each batch vs row i of batch {big} ({rule})")
+    rule = "within twice the derived float32 bound" if bounded else tol.rule
+    r.lines.append(f"batch-sizes {src.label}: {runner.label}; row i of each batch vs row i of batch {big} ({rule})")
     for row in rows:
         n = row["batch"]
         parts = []

@@ -1,0 +1,125 @@
+"""onnxruntime: the one session factory (the reference CPU setting and every accelerator provider) and
+:class:`OrtRunner`. No other module of the package constructs an onnxruntime session."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from .. import contract as C
+from ..errors import DeviceError, UnsupportedError
+from .base import Feed, RunnerBase
+
+INTRA_OP_THREADS = 1
+CPU_EP, CUDA_EP, CANN_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "CANNExecutionProvider"
+
+
+def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THREADS, profile_prefix=None,
+                provider: str = CPU_EP, provider_options: Optional[Dict] = None):
+    """The one place sessions are made. CPU: ``threads`` intra-op threads, one inter-op (the verifier's
+    setting); another ``provider`` (CUDA, CANN) gets ``provider_options`` and the CPU as fallback.
+    ``profile_prefix``: turn on onnxruntime's own per-node profiler, writing under that prefix."""
+    import onnxruntime as ort
+
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    providers = [CPU_EP]
+    if provider == CPU_EP:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    else:
+        providers = [(provider, provider_options or {}), CPU_EP]
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    return ort.InferenceSession(model, sess_options=so, providers=providers)
+
+
+def ort_run(session, feed: Feed) -> Feed:
+    """Every output of ``session`` for the inputs it takes from ``feed``."""
+    names = [i.name for i in session.get_inputs()]
+    outs = session.run(None, {k: feed[k] for k in names})
+    return dict(zip([o.name for o in session.get_outputs()], outs))
+
+
+def ort_providers() -> List[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def ort_provider_for(device: str) -> Tuple[str, str]:
+    """(execution provider, device label) for an ONNX run on ``device``."""
+    base = device.split(":")[0]
+    have = ort_providers()
+    if device == "auto":
+        if CANN_EP in have:
+            return CANN_EP, "npu"
+        if CUDA_EP in have:
+            return CUDA_EP, "cuda"
+        return CPU_EP, "cpu"
+    if base == "cpu":
+        return CPU_EP, "cpu"
+    if base == "cuda":
+        if CUDA_EP not in have:
+            raise DeviceError("device 'cuda' for onnxruntime needs its CUDA execution provider (onnxruntime-gpu); "
+                              f"this onnxruntime has {', '.join(have)}")
+        return CUDA_EP, device
+    if base == "npu":
+        if CANN_EP not in have:
+            raise DeviceError("device 'npu' is not available for onnxruntime here (no CANN execution provider); "
+                              "give the .pt or .safetensors to run the torch module on the NPU")
+        return CANN_EP, device
+    raise DeviceError(f"unknown device '{device}': choose cpu, cuda, npu or auto")
+
+
+def ort_session_on(model, device: str = "cpu"):
+    """(session, device label) on ``device``: the CPU (one intra-op thread, as the verifier) or an
+    accelerator provider, which must really start (no silent CPU fallback)."""
+    provider, label = ort_provider_for(device)
+    if provider == CPU_EP:
+        return ort_session(model), label
+    opts = {"device_id": int(device.split(":")[1])} if ":" in device else {}
+    sess = ort_session(model, provider=provider, provider_options=opts)
+    if provider not in sess.get_providers():
+        raise DeviceError(f"onnxruntime could not start {provider} on {device}")
+    return sess, label
+
+
+class OrtRunner(RunnerBase):
+    """An ONNX model (``ModelProto`` or bytes) in onnxruntime on ``device``. ``sample`` runs the same
+    graph with its ``RandomNormalLike`` replaced by the input ``epsilon`` (exporters.with_noise_input),
+    fed the CPU noise of ``seed`` or ``noise``; ``spec`` gives the noise's width. ``path``: the file the
+    model came from, named in errors."""
+
+    runtime = "onnxruntime"
+
+    def __init__(self, model, device: str = "cpu", spec=None, path=None):
+        t0 = time.perf_counter()
+        self.model, self.spec, self.path = model, spec, path
+        self.session, self.device = ort_session_on(model, device)
+        self._asked = device
+        self._noise_session = None
+        self.build_seconds = time.perf_counter() - t0
+        if spec is not None and spec.discrete_branches and spec.continuous_size:
+            self.note = "discrete actions are not sampled for an ONNX (its Multinomial has no seed): continuous only"
+
+    def infer(self, feed: Feed) -> Feed:
+        return ort_run(self.session, feed)
+
+    def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
+        from ..exporters.onnx_export import with_noise_input
+        from .feeds import draw_noise
+
+        if self.spec is None or not self.spec.continuous_size:
+            raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
+                                   "node has no seed (give the .pt or .safetensors)", self.path)
+        if self._noise_session is None:
+            self._noise_session = ort_session_on(with_noise_input(self.model), self._asked)[0]
+        if noise is None:
+            noise = draw_noise(self.spec, next(iter(feed.values())).shape[0], seed)[0]
+        out = ort_run(self._noise_session, dict(feed, **{C.NOISE_INPUT: noise}))
+        return {C.OUT_CONT: out[C.OUT_CONT]}
