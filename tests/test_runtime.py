@@ -69,10 +69,16 @@ def test_complete_feed_and_a_discrete_onnx_refuses_seeded_sampling():
     assert "Multinomial" in e.value.one_line() and ck.with_suffix(".onnx").name in e.value.one_line()
 
 
-def test_one_session_factory_and_one_program_loader():
-    """onnxruntime sessions are made in runtime/ort.py only; modes load .pt2 only through runtime/."""
+def test_one_session_factory_one_program_loader_one_torch_load():
+    """onnxruntime sessions are made in runtime/ort.py only; .pt2 files are loaded only through runtime/
+    (which checks them first); a pickle is read only by converter/checkpoint.py, weights-only."""
     sessions = [p for p in PACKAGE.rglob("*.py") if re.search(r"\bInferenceSession\(", p.read_text())]
     assert [p.relative_to(PACKAGE).as_posix() for p in sessions] == ["runtime/ort.py"]
     loaders = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-               if "torch.export.load(" in p.read_text() and p.name != "batch.py"]  # batch.py: its own patcher (issue 11, point 1)
+               if "torch.export.load(" in p.read_text()]
     assert loaders == ["runtime/torch_runners.py"], loaders
+    pickles = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+               if re.search(r"\btorch\.load\(|\bpickle\.loads?\(|\bUnpickler\(", p.read_text())]
+    assert pickles == ["converter/checkpoint.py"], pickles
+    text = (PACKAGE / "converter" / "checkpoint.py").read_text()
+    assert len(re.findall(r"\btorch\.load\(", text)) == 1 and "weights_only=True" in text

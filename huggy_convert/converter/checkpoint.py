@@ -65,6 +65,14 @@ def _describe_load_failure(exc: BaseException) -> str:
     return f"not a readable torch checkpoint ({type(exc).__name__}: {text[:160]})"
 
 
+def torch_load_weights_only(data: bytes):
+    """``torch.load`` of ``data`` on the CPU with ``weights_only=True``: the package's one call of
+    ``torch.load`` (a pickle is only ever read this way, so it never runs code)."""
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
 def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = None,
                     quiet_warnings: bool = True) -> Checkpoint:
     """Load ``path`` on the CPU with ``weights_only=True`` and return its ``Policy`` state dict.
@@ -92,7 +100,7 @@ def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = 
         with warnings.catch_warnings() if quiet_warnings else contextlib.nullcontext():
             if quiet_warnings:  # torch's own warnings would break the one-line error
                 warnings.simplefilter("ignore")
-            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            obj = torch_load_weights_only(data)
     except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
         raise CheckpointError(_describe_load_failure(exc), p) from None
     del data

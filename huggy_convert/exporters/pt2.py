@@ -201,12 +201,13 @@ def unsafe_reason(data: bytes) -> Optional[str]:
     falls back to ``weights_only=False`` when its sample inputs do not load weights-only: any of
     them runs code. Allowed is what ``torch.export.save`` writes for a plain program: the fixed
     records, one model's JSON, raw weight and tensor-constant records named in their configs without
-    pickles, and sample inputs that ``torch.load(weights_only=True)`` reads. Read with torch's own
+    pickles, and sample inputs that load weights-only. Read with torch's own
     archive reader; nothing is unpickled but those sample inputs, weights-only."""
     import json
 
-    import torch
     from torch.export.pt2_archive import _package as P
+
+    from ..converter.checkpoint import torch_load_weights_only
 
     try:
         with P.PT2ArchiveReader(io.BytesIO(data)) as r:
@@ -235,7 +236,7 @@ def unsafe_reason(data: bytes) -> Optional[str]:
                 return f"records a plain program does not have: {', '.join(extra[:3])}"
             sample = P.SAMPLE_INPUTS_FILENAME_FORMAT.format(m)
             if sample in names:
-                torch.load(io.BytesIO(r.read_bytes(sample)), weights_only=True)
+                torch_load_weights_only(r.read_bytes(sample))
     except Exception as exc:
         return f"not a readable torch.export archive ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
     return None
