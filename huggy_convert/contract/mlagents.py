@@ -36,6 +36,10 @@ K_ACT_SIZE = "act_size_vector_deprecated"
 K_MEMORY_SIZE = "memory_size_vector"
 CONSTANT_KEYS = (K_VERSION, K_IS_CONTINUOUS, K_CONT_SIZE, K_DISC_SIZES, K_ACT_SIZE, K_MEMORY_SIZE)
 
+# trainer_type values whose actor this tool reads (POCA's actor has PPO's layout)
+TRAINER_PPO = "ppo"
+TRAINER_SAC = "sac"  # conditional log_sigma (a Linear) and a tanh squash
+
 MODEL_EXPORT_VERSION = 3  # SimpleActor.MODEL_EXPORT_VERSION (ModelApiVersion.MLAgents2_0)
 
 NORM_PREFIX = "network_body.observation_encoder.processors.{i}.normalizer."

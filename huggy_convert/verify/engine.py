@@ -342,7 +342,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
             except Exception as exc:
                 c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
                 continue
-            norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in mod._pinned}
+            norm = mod.pinned_dtypes()
             runner = module_runner(mod)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
@@ -356,7 +356,7 @@ def verify(policy: Policy, rebuilt: onnx.ModelProto, *, subject: str, checkpoint
             c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref, main_feed, dt, o.atol, o.cosine, norm,
                                    lambda r=runner: r(zero_feed), o.rtol, nz))
     for title, mod in extra_modules:
-        norm = {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
+        norm = mod.pinned_dtypes() if hasattr(mod, "pinned_dtypes") else {}
         dt = str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters()) else "float32"
         runner = module_runner(mod)
         c4.add(K.check_runtime(title, runner, ref, main_feed, dt, o.atol, o.cosine, norm,
