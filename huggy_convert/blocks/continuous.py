@@ -95,7 +95,7 @@ class Continuous(Block):
         if policy.spec.conditional_sigma:
             module.log_sigma = module.affine(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B])
         else:
-            module.weight("log_sigma", T[C.C_LOG_SIGMA])
+            module.log_sigma = module.frozen(T[C.C_LOG_SIGMA])
 
     def torch_output(self, f: TorchFlow) -> list:
         import torch

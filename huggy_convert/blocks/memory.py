@@ -22,7 +22,7 @@ class Memory(Block):
         memory_size = 0
         if any(k.startswith(C.LSTM_PREFIX) for k in r.keys):
             hidden = r.state["width"]
-            hs = r.shape(r.matrix(C.LSTM_KEY.format(p="weight_hh")))[1]
+            hs = r.shape(r.matrix(C.LSTM_KEY.format(p=C.LSTM_W_HH)))[1]
             memory_size = 2 * hs
             # weight_ih, weight_hh, bias_ih, bias_hh
             shapes = ((4 * hs, hidden), (4 * hs, hs), (4 * hs,), (4 * hs,))
@@ -58,10 +58,10 @@ class Memory(Block):
         x = g.node("Transpose", [x], cell, perm=[1, 0, 2])
         reorder = lambda a: np.concatenate([a[0:hs], a[3 * hs:4 * hs], a[hs:2 * hs], a[2 * hs:3 * hs]])  # noqa: E731 ifgo->iofc
         T = f.policy.tensors
-        W = g.init(C.LSTM_INIT.format(p="W"), reorder(T[C.c_lstm("weight_ih")])[None])
-        R = g.init(C.LSTM_INIT.format(p="R"), reorder(T[C.c_lstm("weight_hh")])[None])
-        B = g.init(C.LSTM_INIT.format(p="B"), np.concatenate([reorder(T[C.c_lstm("bias_ih")]),
-                                                              reorder(T[C.c_lstm("bias_hh")])])[None])
+        W = g.init(C.LSTM_INIT.format(p="W"), reorder(T[C.c_lstm(C.LSTM_W_IH)])[None])
+        R = g.init(C.LSTM_INIT.format(p="R"), reorder(T[C.c_lstm(C.LSTM_W_HH)])[None])
+        B = g.init(C.LSTM_INIT.format(p="B"), np.concatenate([reorder(T[C.c_lstm(C.LSTM_B_IH)]),
+                                                              reorder(T[C.c_lstm(C.LSTM_B_HH)])])[None])
         y, yh, yc = g.node("LSTM", [x, W, R, B, "", h0, c0], cell, n_out=3, hidden_size=hs)
         y = g.squeeze(y, 1, cell)
         y = g.node("Transpose", [y], cell, perm=[1, 0, 2])
@@ -72,8 +72,8 @@ class Memory(Block):
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
         if not self.active(policy.spec):
             return
-        for p in C.LSTM_PARAMS:
-            module.weight(f"lstm_{p}", policy.tensors[C.c_lstm(p)])
+        for p in C.LSTM_PARAMS:  # lstm_weight_ih, ... (the .pt2's parameter names)
+            setattr(module, f"lstm_{p}", module.frozen(policy.tensors[C.c_lstm(p)]))
 
     def torch_encode(self, f: TorchFlow) -> None:
         import torch

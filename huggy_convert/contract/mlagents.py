@@ -52,6 +52,7 @@ NORM_FIELDS = (NORM_STEPS, NORM_MEAN, NORM_VAR)
 BODY_LAYER = "network_body._body_endoder.seq_layers.{j}.{p}"  # (sic: endoder); j = 2*layer
 LSTM_KEY = "network_body.lstm.lstm.{p}_l0"  # weight_ih, weight_hh, bias_ih, bias_hh
 LSTM_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+LSTM_W_IH, LSTM_W_HH, LSTM_B_IH, LSTM_B_HH = LSTM_PARAMS
 
 MU = "action_model._continuous_distribution.mu.{p}"
 LOG_SIGMA = "action_model._continuous_distribution.log_sigma"  # PPO: Parameter [1, A]

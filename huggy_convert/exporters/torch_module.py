@@ -86,9 +86,9 @@ class PolicyModule(nn.Module):
         """A Linear with these weights, in the compute dtype."""
         return Affine(_t(weight, self.compute_dtype), _t(bias, self.compute_dtype))
 
-    def weight(self, name: str, value: np.ndarray) -> None:
+    def frozen(self, value: np.ndarray) -> nn.Parameter:
         """A frozen parameter in the compute dtype."""
-        self.register_parameter(name, nn.Parameter(_t(value, self.compute_dtype), requires_grad=False))
+        return nn.Parameter(_t(value, self.compute_dtype), requires_grad=False)
 
     def pin(self, name: str, value: np.ndarray) -> None:
         """A buffer kept in the normalizer dtype (float32) whatever ``.half()`` / ``.to(dtype)`` does."""

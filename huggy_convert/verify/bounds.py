@@ -184,8 +184,8 @@ class Float64Policy:
         self.norm = [(_f64(T[C.c_norm(i, C.NORM_MEAN)]), _f64(policy.divisor(i))) for i in range(len(spec.obs_sizes))] \
             if spec.normalize else []
         self.body = [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(spec.num_layers)]
-        self.lstm = (Linear(T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")]),
-                     Linear(T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])) if spec.memory_size else None
+        self.lstm = (Linear(T[C.c_lstm(C.LSTM_W_IH)], T[C.c_lstm(C.LSTM_B_IH)]),
+                     Linear(T[C.c_lstm(C.LSTM_W_HH)], T[C.c_lstm(C.LSTM_B_HH)])) if spec.memory_size else None
         self.mu = Linear(T[C.C_MU_W], T[C.C_MU_B]) if spec.continuous_size else None
         self.log_sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if spec.conditional_sigma else
                           _f64(T[C.C_LOG_SIGMA])) if spec.continuous_size else None

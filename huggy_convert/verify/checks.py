@@ -155,7 +155,7 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
     lines, problems, figures = [], [], {}
     for i in sorted(set(off) | set(reb)):
         if i not in off or i not in reb:
-            problems.append(f"obs_{i}: a divisor in {'the rebuilt' if i in reb else 'the official'} ONNX only")
+            problems.append(f"{C.OBS_INPUT.format(i=i)}: a divisor in {'the rebuilt' if i in reb else 'the official'} ONNX only")
             continue
         f: Dict[str, object] = {}
         if i in ieee:
@@ -167,8 +167,8 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
                 continue
         rb = compare_divisor(reb[i], off[i])
         f["rebuilt_vs_official"] = rb
-        figures[f"obs_{i}"] = f
-        p = ulp_problem(rb, f"obs_{i}: rebuilt {divisor_initializers(ours).get(i, 'divisor')}", "the official's", 1,
+        figures[C.OBS_INPUT.format(i=i)] = f
+        p = ulp_problem(rb, f"{C.OBS_INPUT.format(i=i)}: rebuilt {divisor_initializers(ours).get(i, 'divisor')}", "the official's", 1,
                         "at most 1 ulp is another CPU's sqrt")
         if p:
             problems.append(p)
@@ -176,13 +176,13 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
         n_off = f.get("official_vs_ieee", {}).get("differs", 0)
         where = f" at {f['official_vs_ieee']['indices']}" if n_off else ""
         if rb["differs"]:
-            lines.append(f"obs_{i}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
+            lines.append(f"{C.OBS_INPUT.format(i=i)}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
                          "(folded by a sqrt that is not correctly rounded); rebuilt keeps IEEE (--divisor ieee): outputs judged by the derived bound")
         elif n_off:
-            lines.append(f"obs_{i}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
+            lines.append(f"{C.OBS_INPUT.format(i=i)}: official 1 ulp from IEEE on {n_off}/{rb['count']} elements{where} "
                          "(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path): adopted, bitwise equal")
         else:
-            lines.append(f"obs_{i}: official equals IEEE on all {rb['count']} elements; rebuilt bitwise equal")
+            lines.append(f"{C.OBS_INPUT.format(i=i)}: official equals IEEE on all {rb['count']} elements; rebuilt bitwise equal")
     c.figures = figures
     if problems:
         c.status, c.summary = FAIL, problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
