@@ -80,10 +80,15 @@ class Block:
 
     name: str = ""
     stage: str = ENCODE
+    row_as_vector: bool = True  # its torch forward takes one row as a vector (False: it needs the batch axis)
 
     def active(self, spec) -> bool:
         """Whether ``spec`` has this block at all."""
         return True
+
+    def has(self, hook: str) -> bool:
+        """Whether this block implements ``hook`` (the orchestrators skip the neutral defaults)."""
+        return getattr(type(self), hook) is not getattr(Block, hook)
 
     # --- checkpoint (converter.mapping) --------------------------------------------------
     def claim(self, r: "KeyRules") -> None:
@@ -261,7 +266,7 @@ class OnnxFlow:
         return self.g.node("Gemm", [x, w, b], scope, out=out, alpha=1.0, beta=1.0, transB=1)
 
 
-@dataclass
+@dataclass(slots=True)
 class TorchFlow:
     """One forward through the module: the inputs by name, the current features ``h``, and how to
     run (``vec``: one row as a vector, eager; ``inplace``: autograd off, not traced).

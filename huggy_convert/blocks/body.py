@@ -7,18 +7,6 @@ from .. import contract as C
 from .base import ENCODE, Block, KeyRules, OnnxFlow, TorchFlow
 
 
-def affine(f: TorchFlow, lin, h=None):
-    """``lin`` applied to ``h`` (default ``f.h``): one row as a vector takes ``addmv`` on the contiguous
-    [out, in] weight, the fastest GEMV torch has here (benchmarks/latency.py --ops); a batch, and every
-    traced graph, ``addmm``."""
-    import torch
-
-    h = f.h if h is None else h
-    if f.vec:
-        return torch.addmv(lin.bias, lin.weight, h)
-    return torch.addmm(lin.bias, h, lin.weight.t())
-
-
 class Body(Block):
     name = "body"
     stage = ENCODE
@@ -75,12 +63,14 @@ class Body(Block):
         T = policy.tensors
         module.body = nn.ModuleList(module.affine(T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")])
                                     for layer in range(policy.spec.num_layers))
+        module.fast[self.name] = tuple(module.body)
 
     def torch_encode(self, f: TorchFlow) -> None:
         import torch
 
-        for lin in f.module.body:
-            z = affine(f, lin)
+        vec = f.vec
+        for lin in f.module.fast[self.name]:
+            z = lin.apply_to(f.h, vec)
             # Swish as ML-Agents exports it (Sigmoid, Mul): the same products either way, z.mul_ only
             # skips an allocation
             f.h = z.mul_(torch.sigmoid(z)) if f.inplace else z * torch.sigmoid(z)

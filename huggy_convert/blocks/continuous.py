@@ -12,7 +12,6 @@ from typing import Dict, List
 
 from .. import contract as C
 from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, TorchFlow
-from .body import affine
 
 
 class Continuous(Block):
@@ -96,12 +95,15 @@ class Continuous(Block):
             module.log_sigma = module.affine(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B])
         else:
             module.log_sigma = module.frozen(T[C.C_LOG_SIGMA])
+        # the layers (modules, never their tensors: torch.export and .to() swap those)
+        module.fast[self.name] = (module.mu, module.log_sigma if policy.spec.conditional_sigma else None)
 
     def torch_output(self, f: TorchFlow) -> list:
         import torch
 
         mod, spec = f.module, f.module.spec
-        mu = affine(f, mod.mu)
+        mu_layer, sigma_layer = mod.fast[self.name]
+        mu = mu_layer.apply_to(f.h, f.vec)
         if f.vec:
             mu = mu[None]
         if mu.dtype != torch.float32:
@@ -115,7 +117,7 @@ class Continuous(Block):
                     mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
             return [mu]
         if spec.conditional_sigma:
-            log_sigma = affine(f, mod.log_sigma)
+            log_sigma = sigma_layer.apply_to(f.h, f.vec)
             log_sigma = torch.clamp(log_sigma.to(torch.float32), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
         else:
             log_sigma = mu * 0 + mod.log_sigma.to(torch.float32)

@@ -81,6 +81,7 @@ class Discrete(Block):
         T = policy.tensors
         module.branches = nn.ModuleList(module.affine(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
                                         for b in range(len(policy.spec.discrete_branches)))
+        module.fast[self.name] = tuple(module.branches)
 
     def torch_output(self, f: TorchFlow) -> list:
         import torch
@@ -90,7 +91,7 @@ class Discrete(Block):
         masks = f.feed[C.ACTION_MASKS]
         probs = []
         start = 0
-        for lin, n in zip(mod.branches, mod.spec.discrete_branches):
+        for lin, n in zip(mod.fast[self.name], mod.spec.discrete_branches):
             mask = masks[:, start:start + n].to(torch.float32)
             start += n
             logits = lin(h).to(torch.float32)

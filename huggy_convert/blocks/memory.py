@@ -14,6 +14,7 @@ from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, TorchFlow
 class Memory(Block):
     name = "memory"
     stage = ENCODE
+    row_as_vector = False  # the state is [batch, 1, memory_size]
 
     def active(self, spec) -> bool:
         return bool(spec.memory_size)

@@ -102,27 +102,26 @@ class Normalizer(Block):
                 module.pin(mean_key, policy.tensors[C.c_norm(i, C.NORM_MEAN)])
                 module.pin(div_key, policy.divisor(i))
                 keys.append((mean_key, div_key))
-        module._norm_keys = tuple(keys)
-        module._obs_names = tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes)))
+        module.fast[self.name] = (tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))), tuple(keys))
 
     def torch_encode(self, f: TorchFlow) -> None:
         import torch
 
         mod = f.module
         ndt, cdt = mod.normalizer_dtype, mod.compute_dtype
-        norm_keys = mod._norm_keys
+        names, norm_keys = mod.fast[self.name]
         parts = []
-        for i, name in enumerate(mod._obs_names):
+        for i, name in enumerate(names):
             x = f.feed[name]
             if norm_keys:
                 mean_key, div_key = norm_keys[i]
                 if x.dtype != ndt:
                     x = x.to(ndt)
-                x = x - getattr(mod, mean_key)
+                x = x - mod.pinned(mean_key)
                 if f.inplace:
-                    x = x.div_(getattr(mod, div_key)).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
+                    x = x.div_(mod.pinned(div_key)).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
                 else:
-                    x = torch.clamp(x / getattr(mod, div_key), -C.NORM_CLIP, C.NORM_CLIP)
+                    x = torch.clamp(x / mod.pinned(div_key), -C.NORM_CLIP, C.NORM_CLIP)
             if x.dtype != cdt:
                 x = x.to(cdt)
             parts.append(x)

@@ -45,11 +45,16 @@ class Affine(nn.Module):
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
 
-
-def _in_place_ok() -> bool:
-    """In place only where autograd cannot need the overwritten value, and never in a traced graph
-    (an exported program stays functional: sub/div/clamp/mul)."""
-    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    def apply_to(self, h, vec: bool):
+        """The layer on ``h``: one row as a vector (``vec``, eager) takes ``addmv`` on the contiguous
+        [out, in] weight, the fastest GEMV torch has here (benchmarks/latency.py --ops); a batch, and
+        every traced graph, ``addmm``. It reads its own parameter dict: nn.Module's attribute lookup
+        costs ~1 us a call, a tenth of Huggy's batch-1 forward over its four layers. Never cached:
+        torch.export and ``.to()`` swap the tensors."""
+        p = self._parameters
+        if vec:
+            return torch.addmv(p["bias"], p["weight"], h)
+        return torch.addmm(p["bias"], h, p["weight"].t())
 
 
 def draw_noise(spec, batch: int, seed: int):
@@ -73,13 +78,16 @@ class PolicyModule(nn.Module):
         self.compute_dtype = dtype
         self.normalizer_dtype = normalizer_dtype
         self._pinned_names: List[str] = []
+        # what each block's forward reads per call, as plain Python (submodules, buffer names): at
+        # batch 1 each nn.Module attribute lookup (~1 us) shows in the latency
+        self.fast: Dict[str, object] = {}
         for block in blocks.compute_order():  # every block, present or not (see Block.torch_init)
             block.torch_init(self, policy, dtype, normalizer_dtype)
         # plain-Python facts for a lean forward (at batch 1 every Python step shows in the latency)
         self._input_names = tuple(spec.input_names())
-        self._encoders = tuple(blocks.in_stage(blocks.ENCODE, spec))
-        self._emitters = tuple(b for b in blocks.active(spec) if b.stage != blocks.FRAME)  # output order
-        self._memory_size = spec.memory_size
+        self._encoders = tuple(b for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode"))
+        self._emitters = tuple(b for b in blocks.active(spec) if b.has("torch_output"))  # in output order
+        self._row_as_vector = all(b.row_as_vector for b in blocks.active(spec))
 
     # --- what the blocks register ---------------------------------------------------------
     def affine(self, weight: np.ndarray, bias: np.ndarray) -> Affine:
@@ -94,6 +102,10 @@ class PolicyModule(nn.Module):
         """A buffer kept in the normalizer dtype (float32) whatever ``.half()`` / ``.to(dtype)`` does."""
         self.register_buffer(name, _t(value, self.normalizer_dtype).reshape(-1))
         self._pinned_names.append(name)
+
+    def pinned(self, name: str) -> torch.Tensor:
+        """The pinned buffer ``name`` (read per call: ``.to()`` replaces it)."""
+        return self._buffers[name]
 
     def pinned_dtypes(self) -> Dict[str, str]:
         """The pinned (normalizer) buffers and their dtypes, e.g. ``{'norm0_mean': 'float32'}``."""
@@ -124,14 +136,15 @@ class PolicyModule(nn.Module):
         autograd is off (the same arithmetic, fewer allocations), and one row as a vector (``addmv``,
         ~8 us a forward ahead of ``addmm``: benchmarks/latency.py --ops). Under torch.compile /
         torch.export the graph is the same functional ``addmm`` form for every batch size."""
-        inplace = _in_place_ok()
-        vec = inputs[0].shape[0] == 1 and not self._memory_size and not torch.compiler.is_compiling()
+        eager = not torch.compiler.is_compiling()  # a traced graph stays functional: sub/div/clamp/mul, addmm
+        vec = eager and self._row_as_vector and inputs[0].shape[0] == 1
+        inplace = eager and not torch.is_grad_enabled()  # only where autograd cannot need the overwritten value
         f = blocks.TorchFlow(self, dict(zip(self._input_names, inputs)), vec, inplace, sampling=sampling)
         for block in self._encoders:
             block.torch_encode(f)
         out = []
         for block in self._emitters:
-            out.extend(block.torch_output(f))
+            out += block.torch_output(f)
         return tuple(out)
 
     def forward(self, *inputs):
