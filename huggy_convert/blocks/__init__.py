@@ -7,18 +7,23 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   actor's constant vectors must say about it) — ``converter.mapping`` loops over them;
 - its parameter count (``parameter_count``) — ``PolicySpec.parameter_count`` sums them;
 - its input/output ports (``inputs``/``outputs``) — ``PolicySpec.io_signature`` concatenates them;
-- its ONNX nodes (``onnx_encode``, or ``onnx_head`` + ``onnx_output`` for a head; ``onnx_dims``) —
+- its ONNX nodes (``onnx_observe`` for an observation's processor, ``onnx_encode`` for a features
+  block, ``onnx_head`` + ``onnx_output`` for a head; ``onnx_dims``) —
   ``exporters.onnx_export.build_onnx`` loops over them;
-- its torch parameters and forward (``torch_init``, ``torch_encode`` / ``torch_output``) —
+- its torch parameters and forward (``torch_init``, ``torch_observe`` / ``torch_encode`` / ``torch_output``) —
   ``exporters.torch_module.PolicyModule`` loops over them, one forward path for ``forward`` and ``sample``;
 - its probe inputs (``probe``) — ``verify.probes.make_probes`` merges them.
 
 :data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
 memory; outputs: the actor's header, continuous, discrete, memory). The computation runs stage by
-stage — ``frame`` (the actor's constants), ``encode`` (observations -> features), ``head``
-(features -> actions) — in registry order within a stage: :func:`in_stage`.
+stage — ``frame`` (the actor's constants), ``observe`` (each observation -> its encoding, written to
+``f.encoded[i]``; the orchestrators concatenate them in observation order, as ML-Agents'
+ObservationEncoder does), ``encode`` (features -> features: body, memory), ``head`` (features ->
+actions) — in registry order within a stage: :func:`in_stage`.
 
-How to add a family (e.g. a visual encoder):
+How to add a family (e.g. a visual encoder: an ``observe`` block for the observations of its kind,
+beside the vector normalizer; attention: an ``observe`` block for the entity observations; a
+hypernetwork body: an ``encode`` block in place of the MLP body's rules for its keys):
 
 1. Write ``blocks/<family>.py`` with one ``Block`` subclass. Put every ML-Agents key, Unity name and
    node scope it needs in ``contract/`` (``mlagents.py``, ``unity.py``) and its canonical tensor
@@ -38,8 +43,8 @@ from typing import List, Tuple
 
 from . import actor
 from .actor import Actor
-from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, SAMPLED,  # noqa: F401
-                   STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, TorchFlow)
+from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
+                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, TorchFlow)
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete

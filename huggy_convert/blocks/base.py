@@ -11,8 +11,10 @@ import numpy as np
 from ..errors import SpecError
 
 # Stages, in the order the computation runs them. Within a stage blocks run in registry order.
-FRAME, ENCODE, HEAD = "frame", "encode", "head"
-STAGES = (FRAME, ENCODE, HEAD)
+# frame: the actor's constants; observe: each observation to its encoding (the orchestrators then
+# concatenate the encodings in observation order); encode: features to features; head: actions.
+FRAME, OBSERVE, ENCODE, HEAD = "frame", "observe", "encode", "head"
+STAGES = (FRAME, OBSERVE, ENCODE, HEAD)
 
 # Port kinds
 OBSERVATION = "observation"  # an observation input
@@ -114,6 +116,9 @@ class Block:
         return []
 
     # --- ONNX (exporters.onnx_export) ------------------------------------------------------
+    def onnx_observe(self, f: "OnnxFlow") -> None:
+        """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
+
     def onnx_encode(self, f: "OnnxFlow") -> None:
         """ENCODE blocks: from ``f.h`` (None before the first) to the next features."""
 
@@ -132,6 +137,9 @@ class Block:
         """Register this block's parameters/buffers on ``module`` (the names are part of the .pt2).
         Called for every block, present in the spec or not: an absent one registers nothing, or an
         empty container (the discrete head's ``branches``: the .pt2's module call graph lists it)."""
+
+    def torch_observe(self, f: "TorchFlow") -> None:
+        """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 
     def torch_encode(self, f: "TorchFlow") -> None:
         """ENCODE blocks: from ``f.h`` to the next features."""
@@ -240,26 +248,23 @@ class KeyRules:
 
 @dataclass
 class OnnxFlow:
-    """The graph being built: ``g`` (the opset-aware builder), the policy, the current features
-    ``h`` and what heads hand from their first pass to their second (``state``)."""
+    """The graph being built: ``g`` (the opset-aware builder), the policy, each observation's
+    encoding (``encoded``), the current features ``h`` and what heads hand from their first pass
+    to their second (``state``)."""
 
     g: Any
     policy: Any
     h: Optional[str] = None
+    encoded: Dict[int, str] = field(default_factory=dict)
     state: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec(self):
         return self.policy.spec
 
-    def tensor(self, canonical: str) -> np.ndarray:
-        return self.policy.tensors[canonical]
-
-    def init(self, canonical: str, array: Optional[np.ndarray] = None, name: Optional[str] = None) -> str:
-        """An initializer for canonical tensor ``canonical``, named as ML-Agents names it (its key),
-        unless ``name`` says otherwise; ``array`` replaces the tensor (e.g. a reordered copy)."""
-        value = self.policy.tensors[canonical] if array is None else array
-        return self.g.init(name or self.policy.sources.get(canonical, canonical), value)
+    def init(self, canonical: str) -> str:
+        """An initializer holding canonical tensor ``canonical``, named as ML-Agents names it (its key)."""
+        return self.g.init(self.policy.sources.get(canonical, canonical), self.policy.tensors[canonical])
 
     def gemm(self, x: str, w_canonical: str, b_canonical: str, scope: str, out: Optional[str] = None) -> str:
         w, b = self.init(w_canonical), self.init(b_canonical)
@@ -268,8 +273,8 @@ class OnnxFlow:
 
 @dataclass(slots=True)
 class TorchFlow:
-    """One forward through the module: the inputs by name, the current features ``h``, and how to
-    run (``vec``: one row as a vector, eager; ``inplace``: autograd off, not traced).
+    """One forward through the module: the inputs by name, each observation's encoding
+    (``encoded``), the current features ``h``, and how to run (``vec``: one row as a vector, eager; ``inplace``: autograd off, not traced).
     ``sampling`` holds the injected noise ({'noise', 'uniform'}) for ``sample``, else None."""
 
     module: Any
@@ -278,6 +283,7 @@ class TorchFlow:
     inplace: bool
     h: Any = None
     sampling: Optional[Dict[str, Any]] = None
+    encoded: Dict[int, Any] = field(default_factory=dict)
     state: Dict[str, Any] = field(default_factory=dict)
 
 

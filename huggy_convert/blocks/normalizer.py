@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import ENCODE, OBSERVATION, Block, KeyRules, OnnxFlow, Port, TorchFlow
+from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, TorchFlow
 
 
 def mean_std(policy, i: int):
@@ -22,7 +22,7 @@ def mean_std(policy, i: int):
 
 class Normalizer(Block):
     name = "normalizer"
-    stage = ENCODE
+    stage = OBSERVE
 
     def claim(self, r: KeyRules) -> None:
         import torch
@@ -76,9 +76,8 @@ class Normalizer(Block):
     def inputs(self, spec) -> List[Port]:
         return [Port(C.OBS_INPUT.format(i=i), (C.BATCH_DIM, n), kind=OBSERVATION) for i, n in enumerate(spec.obs_sizes)]
 
-    def onnx_encode(self, f: OnnxFlow) -> None:
+    def onnx_observe(self, f: OnnxFlow) -> None:
         g, spec = f.g, f.spec
-        encoded = []
         for i in range(len(spec.obs_sizes)):
             x = C.OBS_INPUT.format(i=i)
             if spec.normalize:
@@ -88,8 +87,7 @@ class Normalizer(Block):
                 x = g.node("Sub", [x, mean], scope)
                 x = g.node("Div", [x, div], scope)
                 x = g.clip(x, -C.NORM_CLIP, C.NORM_CLIP, scope)
-            encoded.append(x)
-        f.h = g.node("Concat", encoded, C.SCOPE_OBS_ENCODER, axis=1)
+            f.encoded[i] = x
 
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
         spec = policy.spec
@@ -104,13 +102,13 @@ class Normalizer(Block):
                 keys.append((mean_key, div_key))
         module.fast[self.name] = (tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))), tuple(keys))
 
-    def torch_encode(self, f: TorchFlow) -> None:
+    def torch_observe(self, f: TorchFlow) -> None:
         import torch
 
         mod = f.module
         ndt, cdt = mod.normalizer_dtype, mod.compute_dtype
         names, norm_keys = mod.fast[self.name]
-        parts = []
+        encoded = f.encoded
         for i, name in enumerate(names):
             x = f.feed[name]
             if norm_keys:
@@ -124,9 +122,7 @@ class Normalizer(Block):
                     x = torch.clamp(x / mod.pinned(div_key), -C.NORM_CLIP, C.NORM_CLIP)
             if x.dtype != cdt:
                 x = x.to(cdt)
-            parts.append(x)
-        h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        f.h = h[0] if f.vec else h
+            encoded[i] = x
 
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Half the rows at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter far outside the

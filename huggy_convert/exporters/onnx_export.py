@@ -101,8 +101,9 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     """Build the Unity-contract ONNX model for ``policy``; checked with ``full_check``.
 
     A loop over the blocks (``huggy_convert.blocks``): the constant outputs' initializers first,
-    then each block's nodes stage by stage (encode; heads' distributions, then their outputs), the
-    I/O from ``spec.io_signature()`` and an Identity per constant output."""
+    then each block's nodes stage by stage (observe, then one Concat of the encodings; encode;
+    heads' distributions, then their outputs), the I/O from ``spec.io_signature()`` and an
+    Identity per constant output."""
     if opset not in C.ONNX_OPSETS:
         raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
                           "(Barracuda: 9, Sentis: 7-15, Ascend ATC: 9-13 on CANN 5/6, 9-18 on CANN 7)")
@@ -115,6 +116,13 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     rank = {C.c_const(k): n for n, k in enumerate(C.CONSTANT_KEYS)}
     for port in sorted(consts, key=lambda p: rank[p.tensor]):
         g.init(port.init, policy.tensors[port.tensor])
+    for b in blocks.in_stage(blocks.OBSERVE, spec):
+        b.onnx_observe(f)
+    # ML-Agents' ObservationEncoder: every observation's encoding, concatenated in observation order
+    n_obs = sum(p.kind == blocks.OBSERVATION for p in sig.inputs)
+    if sorted(f.encoded) != list(range(n_obs)):
+        raise ExportError(f"observations {sorted(set(range(n_obs)) - set(f.encoded))} have no encoder block")
+    f.h = g.node("Concat", [f.encoded[i] for i in range(n_obs)], C.SCOPE_OBS_ENCODER, axis=1)
     for b in blocks.in_stage(blocks.ENCODE, spec):
         b.onnx_encode(f)
     heads = blocks.in_stage(blocks.HEAD, spec)
