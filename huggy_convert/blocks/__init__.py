@@ -23,7 +23,8 @@ actions) — in registry order within a stage: :func:`in_stage`.
 
 How to add a family (e.g. a visual encoder: an ``observe`` block for the observations of its kind,
 beside the vector normalizer; attention: an ``observe`` block for the entity observations; a
-hypernetwork body: an ``encode`` block in place of the MLP body's rules for its keys):
+hypernetwork body: an ``encode`` block claiming its keys, with the MLP body's rule made to step
+aside when they are there):
 
 1. Write ``blocks/<family>.py`` with one ``Block`` subclass. Put every ML-Agents key, Unity name and
    node scope it needs in ``contract/`` (``mlagents.py``, ``unity.py``) and its canonical tensor
