@@ -12,6 +12,8 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   ``exporters.onnx_export.build_onnx`` loops over them;
 - its torch parameters and forward (``torch_init``, ``torch_observe`` / ``torch_encode`` / ``torch_output``) —
   ``exporters.torch_module.PolicyModule`` loops over them, one forward path for ``forward`` and ``sample``;
+- its float64 reference with error bounds (``reference_init``, ``reference_observe`` /
+  ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
 - its probe inputs (``probe``) — ``verify.probes.make_probes`` merges them.
 
 :data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
@@ -45,7 +47,7 @@ from typing import List, Tuple
 from . import actor
 from .actor import Actor
 from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
-                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, TorchFlow)
+                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete

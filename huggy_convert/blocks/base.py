@@ -148,6 +148,20 @@ class Block:
         """This block's outputs: deterministic ones, or sampled ones when ``f.sampling``."""
         return []
 
+    # --- the float64 reference with error bounds (verify.bounds) ------------------------------
+    def reference_init(self, policy) -> Any:
+        """This block's weights in float64 (``bounds.Linear``...), prepared once per policy."""
+        return None
+
+    def reference_observe(self, r: "ReferenceFlow", w) -> None:
+        """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+
+    def reference_encode(self, r: "ReferenceFlow", w) -> None:
+        """ENCODE blocks: from ``r.h`` to the next features."""
+
+    def reference_output(self, r: "ReferenceFlow", w) -> None:
+        """Output blocks: ``r.values[name]``, ``r.errs[name]`` (and ``r.logits`` for argmax ties)."""
+
     # --- probes (verify.probes) ------------------------------------------------------------
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Seeded inputs for this block's input ports."""
@@ -287,3 +301,20 @@ class TorchFlow:
     state: Dict[str, Any] = field(default_factory=dict)
 
 
+
+
+@dataclass
+class ReferenceFlow:
+    """One float64 forward (``verify.bounds``): the feed, whether bounds are carried, the injected
+    noise (or None), each observation's encoding, the features ``h``, and the outputs' values,
+    bounds and (discrete heads) masked logits, in output order."""
+
+    feed: Dict[str, np.ndarray]
+    bounds: bool
+    noise: Optional[np.ndarray] = None
+    h: Any = None
+    encoded: Dict[int, Any] = field(default_factory=dict)
+    values: Dict[str, np.ndarray] = field(default_factory=dict)
+    errs: Dict[str, np.ndarray] = field(default_factory=dict)
+    logits: Dict[int, Any] = field(default_factory=dict)
+    state: Dict[str, Any] = field(default_factory=dict)

@@ -4,7 +4,7 @@ width fixes the observation split where no normalizer does."""
 from __future__ import annotations
 
 from .. import contract as C
-from .base import ENCODE, Block, KeyRules, OnnxFlow, TorchFlow
+from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
 
 
 class Body(Block):
@@ -74,3 +74,15 @@ class Body(Block):
             # Swish as ML-Agents exports it (Sigmoid, Mul): the same products either way, z.mul_ only
             # skips an allocation
             f.h = z.mul_(torch.sigmoid(z)) if f.inplace else z * torch.sigmoid(z)
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear
+
+        T = policy.tensors
+        return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)]
+
+    def reference_encode(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import affine, swish
+
+        for lin in w:
+            r.h = swish(affine(r.h, lin, r.bounds))

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Dict, List
 
 from .. import contract as C
-from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, TorchFlow
+import numpy as np
+
+from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
 class Continuous(Block):
@@ -123,3 +125,28 @@ class Continuous(Block):
             log_sigma = mu * 0 + mod.log_sigma.to(torch.float32)
         s = mu + f.sampling["noise"].to(mu.device) * torch.exp(log_sigma)
         return [torch.tanh(s) if spec.tanh_squash else torch.clamp(s, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP]
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear, f64
+
+        T = policy.tensors
+        sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if policy.spec.conditional_sigma
+                 else f64(T[C.C_LOG_SIGMA]))
+        return Linear(T[C.C_MU_W], T[C.C_MU_B]), sigma, policy.spec
+
+    def reference_output(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import Bounded, add, affine, clip, exp, f64, mul, scale, tanh
+
+        mu_lin, sigma, spec = w
+        mu = affine(r.h, mu_lin, r.bounds)
+        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        r.values[C.OUT_CONT_DET], r.errs[C.OUT_CONT_DET] = det.v, det.err
+        if r.noise is None:
+            return
+        if spec.conditional_sigma:
+            ls = clip(affine(r.h, sigma, r.bounds), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+        else:
+            ls = Bounded.exact(np.broadcast_to(sigma, mu.v.shape))
+        s = add(mu, mul(exp(ls), Bounded.exact(f64(r.noise))))
+        out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err

@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import CONSTANT, DETERMINISTIC, HEAD, MASK, SAMPLED, Block, KeyRules, OnnxFlow, Port, TorchFlow
+from .base import CONSTANT, DETERMINISTIC, HEAD, MASK, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
 class Discrete(Block):
@@ -106,6 +106,28 @@ class Discrete(Block):
             idx = (cdf < u[:, b:b + 1]).sum(dim=1, keepdim=True)
             picks.append(torch.clamp(idx, max=p.shape[1] - 1))
         return [torch.cat(picks, dim=1)]
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear
+
+        T, sizes = policy.tensors, policy.spec.discrete_branches
+        return [(Linear(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")]), n) for b, n in enumerate(sizes)]
+
+    def reference_output(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import Bounded, affine, f64
+
+        masks = f64(r.feed[C.ACTION_MASKS])
+        start, picks = 0, []
+        for b, (lin, n) in enumerate(w):
+            lg = affine(r.h, lin, r.bounds)
+            m = masks[:, start:start + n]
+            start += n
+            # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8
+            lg = Bounded(np.where(m > 0, lg.v, -C.MASK_PENALTY), np.where(m > 0, lg.err, 0.0))
+            r.logits[b] = lg
+            picks.append(np.argmax(lg.v, axis=1))
+        r.values[C.OUT_DISC_DET] = np.stack(picks, axis=1).astype(np.int64)
+        r.errs[C.OUT_DISC_DET] = np.zeros(r.values[C.OUT_DISC_DET].shape)
 
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Random masks (70 % allowed), at least one action allowed per branch."""

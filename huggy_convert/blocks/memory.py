@@ -8,7 +8,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, TorchFlow
+from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
 class Memory(Block):
@@ -92,6 +92,30 @@ class Memory(Block):
 
     def torch_output(self, f: TorchFlow) -> list:
         return [] if f.sampling is not None else [f.state[C.RECURRENT_OUT]]
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear
+
+        T = policy.tensors
+        return (Linear(T[C.c_lstm(C.LSTM_W_IH)], T[C.c_lstm(C.LSTM_B_IH)]),
+                Linear(T[C.c_lstm(C.LSTM_W_HH)], T[C.c_lstm(C.LSTM_B_HH)]), policy.spec.memory_size // 2)
+
+    def reference_encode(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import Bounded, add, affine, concat, f64, mul, sigmoid, tanh
+
+        ih, hh, hs = w
+        m = f64(r.feed[C.RECURRENT_IN])[:, 0, :]
+        h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
+        g = add(affine(r.h, ih, r.bounds), affine(h0, hh, r.bounds))
+        i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: i, f, g, o
+        c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
+        h1 = mul(sigmoid(o_g), tanh(c1))
+        r.h = h1
+        r.state[C.RECURRENT_OUT] = concat([h1, c1])
+
+    def reference_output(self, r: ReferenceFlow, w) -> None:
+        mem = r.state[C.RECURRENT_OUT]
+        r.values[C.RECURRENT_OUT], r.errs[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
 
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         return {C.RECURRENT_IN: rng.standard_normal((rows, 1, policy.spec.memory_size)).astype(np.float32)}

@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, TorchFlow
+from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
 def mean_std(policy, i: int):
@@ -123,6 +123,32 @@ class Normalizer(Block):
             if x.dtype != cdt:
                 x = x.to(cdt)
             encoded[i] = x
+
+    def reference_init(self, policy):
+        spec = policy.spec
+        if not spec.normalize:
+            return len(spec.obs_sizes), None
+        from ..verify.bounds import f64
+
+        return len(spec.obs_sizes), [(f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
+                                     for i in range(len(spec.obs_sizes))]
+
+    def reference_observe(self, r: ReferenceFlow, w) -> None:
+        """The subtraction and division add ``2 u |q|``; inputs are float32 and exact."""
+        from ..numerics import U32
+        from ..verify.bounds import Bounded, clip, f64
+
+        n_obs, norm = w
+        for i in range(n_obs):
+            x = f64(r.feed[C.OBS_INPUT.format(i=i)])
+            if norm is not None:
+                mean, div = norm[i]
+                q = (x - mean) / div
+                b = clip(Bounded(q, 2 * U32 * np.abs(q) * (1 + U32) if r.bounds else np.zeros_like(q)),
+                         -C.NORM_CLIP, C.NORM_CLIP)
+            else:
+                b = Bounded.exact(x)
+            r.encoded[i] = b
 
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Half the rows at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter far outside the
