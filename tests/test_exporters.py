@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import zipfile
 from fractions import Fraction
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from conftest import FIXTURES, HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
 from onnx import numpy_helper
 
+import huggy_convert
 from huggy_convert import contract as C
 from huggy_convert.converter import convert_checkpoint, load_checkpoint, official_divisors
 from huggy_convert.errors import DeviceError, ExportError
@@ -448,6 +450,10 @@ def test_saved_program_loads_with_plain_torch_and_reproduces(tmp_path):
     assert "aten.addmm.default" in ops and "aten.addmv.default" not in ops, ops  # one form for every batch
     assert not [o for o in ops if o.split(".")[1].endswith("_")], ops  # functional: the eager path's in-place ops stay out
     save_program(ep, tmp_path / "p.pt2")
+    # reproducible wherever the package lives: no source path or line numbers in the archive
+    src = str(Path(huggy_convert.__file__).parent)
+    with zipfile.ZipFile(tmp_path / "p.pt2") as z:
+        assert not any(src.encode() in z.read(n) for n in z.namelist())
     feed = make_probes(pol, 5, seed=9)
     np.save(tmp_path / "x.npy", feed["obs_0"])
     expected = _run(mod, feed)[C.OUT_CONT_DET]

@@ -195,12 +195,19 @@ def example_inputs(spec, batch: int = 2, device: str = "cpu"):
 
 
 def export_program(module: PolicyModule):
-    """torch.export the module's forward with a dynamic batch dimension."""
+    """torch.export the module's forward with a dynamic batch dimension.
+
+    The nodes' ``stack_trace`` metadata (this package's absolute path and line numbers) is dropped:
+    with it the saved bytes would depend on where the package is installed and on edits that change
+    no computation; without it the same policy gives the same ``.pt2`` everywhere."""
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     ins = example_inputs(module.spec, 2, next(module.parameters()).device)
     shapes = tuple({0: batch} for _ in ins)
     with torch.no_grad():
-        return torch.export.export(module, ins, dynamic_shapes=(shapes,))
+        ep = torch.export.export(module, ins, dynamic_shapes=(shapes,))
+    for node in ep.graph.nodes:
+        node.meta.pop("stack_trace", None)
+    return ep
 
 
 def save_program(ep, path) -> None:
