@@ -122,7 +122,7 @@ def op_breakdown(ckpt: Path, pol, module, threads: int) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     spec = pol.spec
-    layers, mu = module._layers, module.mu
+    layers, mu = module.body, module.mu
     hid = spec.hidden_units
     print("\nwhere the time goes (--ops; microseconds, medians of calls timed alone)")
     # batch 1024: onnxruntime's profile of the official file against the same torch ops

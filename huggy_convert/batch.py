@@ -86,7 +86,7 @@ from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, Inp
 from .exporters.pt2 import EXPORT_GATE, ProgramWriter
 from .host import host_info
 from .pipeline import ConvertOptions, convert_one
-from .rundir import STATUS_FILE, Item, discover
+from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .verify.engine import CHECK_IDS
 
 MANIFEST_JSON = "manifest.json"
@@ -232,7 +232,7 @@ class _Context:
 
 def _base_entry(item: Item) -> dict:
     return {"source": item.rel, "behavior": item.behavior, "step": item.step, "reward": item.reward,
-            "creation_time": item.creation_time, "creation_time_utc": _iso(item.creation_time),
+            C.STATUS_CREATION_TIME: item.creation_time, f"{C.STATUS_CREATION_TIME}_utc": _iso(item.creation_time),
             "listed": item.listed, "kind": item.kind, "stem": item.stem,
             "profile": ("full" if item.newest else "batch") if item.kind != "checkpoint" else None,
             "tool_version": __version__}
@@ -260,7 +260,7 @@ def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool
 
 
 def _skipped(entry: dict, prev: dict) -> dict:
-    keep = {k: prev.get(k) for k in ("source_sha256", "source_bytes", "global_step", "spec", "reference", "outputs",
+    keep = {k: prev.get(k) for k in ("source_sha256", "source_bytes", C.CKPT_GLOBAL_STEP, "spec", "reference", "outputs",
                                      "verify", "profile", "seconds", "same_as", "same_as_sha256")}
     entry.update({k: v for k, v in keep.items() if v is not None})
     entry.update(status=prev["status"], run=SKIPPED)
@@ -286,7 +286,7 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
             data = None
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
-        entry["global_step"] = ckpt.global_step
+        entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         res = convert_one(item.path, ctx.out, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
                           profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
                           fsync=False, suggest_reference=False)
@@ -342,7 +342,7 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
                     return entry
         ckpt = read_checkpoint(item.path, data, sha)
         data = None
-        entry["global_step"] = ckpt.global_step
+        entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         # the step file of its own global step first, then the newest of the folder (candidates[0])
         order = [ce for ce in candidates if ckpt.global_step is not None and ce[0].step == ckpt.global_step]
         order += [ce for ce in candidates[:1] if ce not in order]
@@ -359,7 +359,7 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
                 return entry
         entry["profile"] = "batch"
         res = convert_item(item, ctx, ckpt=ckpt)
-        res["note"] = "checkpoint.pt matches no step checkpoint: converted as its own entry"
+        res["note"] = f"{C.CHECKPOINT_FILE} matches no step checkpoint: converted as its own entry"
         res["seconds"] = round(time.perf_counter() - t0, 3)
         return res
     except Exception as exc:
@@ -386,7 +386,7 @@ def _same_policy(a: Optional[dict], b: Optional[dict]) -> bool:
 
 
 # --- the manifest -------------------------------------------------------------------------------
-CSV_COLUMNS = ("behavior", "step", "reward", "creation_time_utc", "source", "source_sha256", "stem", "status", "run",
+CSV_COLUMNS = ("behavior", "step", "reward", f"{C.STATUS_CREATION_TIME}_utc", "source", "source_sha256", "stem", "status", "run",
                "same_as", "profile", "verdict", "module_max_abs_cpu_float32", "outputs_bitwise", "safetensors_sha256",
                "onnx_sha256", "pt2_sha256", "report_sha256", "golden_sha256", "seconds", "error")
 
@@ -541,7 +541,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
               "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
               "host": host_info(),
-              "source": str(source), "run_dir": str(root), "training_status": str(status) if status else None,
+              "source": str(source), "run_dir": str(root), STATUS_KEY: str(status) if status else None,
               "found_by": C.STATUS_FILE if status else "file names",
               "layout": "out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}",
               "options": _options_record(o, light, full),

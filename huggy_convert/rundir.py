@@ -23,6 +23,7 @@ from . import contract as C
 from .errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
+STATUS_KEY = STATUS_FILE.stem  # how our JSON names the status file it read
 CHECKPOINT_NAME = C.CHECKPOINT_FILE
 STEP_NAME = C.STEP_CHECKPOINT_RE
 
@@ -76,7 +77,7 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
                 pp = PurePosixPath(p.replace("\\", "/"))
                 records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name,
                                 "step": _num(e.get(C.STATUS_STEPS), int), "reward": _num(e.get(C.STATUS_REWARD), float),
-                                "creation_time": _num(e.get(C.STATUS_CREATION_TIME), float)})
+                                C.STATUS_CREATION_TIME: _num(e.get(C.STATUS_CREATION_TIME), float)})
     return records, None
 
 
@@ -132,13 +133,13 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
         if not cands:
             guess = (source if source != root else root / r["behavior"]) / r["name"]
             items.append(Item(path=guess, rel=rel(guess), behavior=r["behavior"], step=r["step"], reward=r["reward"],
-                              creation_time=r["creation_time"], listed=True, missing=True))
+                              creation_time=r[C.STATUS_CREATION_TIME], listed=True, missing=True))
             continue
         f = cands[0]
         claimed.add(f)
         kind = "checkpoint" if f.name == CHECKPOINT_NAME else "step"
         items.append(Item(path=f, rel=rel(f), behavior=r["behavior"], step=r["step"], kind=kind, reward=r["reward"],
-                          creation_time=r["creation_time"], listed=True))
+                          creation_time=r[C.STATUS_CREATION_TIME], listed=True))
     for f in files:
         if f in claimed:
             continue

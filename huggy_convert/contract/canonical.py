@@ -41,3 +41,8 @@ MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see conve
 ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
 DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never
 FLOAT32_EXACT_INT_LIMIT = 2 ** 24
+
+
+# Keys of our own JSON output named after what ML-Agents calls the thing they count or carry
+P_WITH_LOG_SIGMA = "with_log_sigma"  # info/matrix parameter counts: the linear layers plus log_sigma
+P_TENSORS_WITH_LOG_SIGMA = "tensors_with_log_sigma"

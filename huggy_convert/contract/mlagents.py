@@ -39,6 +39,10 @@ K_ACT_SIZE = "act_size_vector_deprecated"
 K_MEMORY_SIZE = "memory_size_vector"
 CONSTANT_KEYS = (K_VERSION, K_IS_CONTINUOUS, K_CONT_SIZE, K_DISC_SIZES, K_ACT_SIZE, K_MEMORY_SIZE)
 
+# trainer_type values whose actor this tool reads (POCA's actor has PPO's layout)
+TRAINER_PPO = "ppo"
+TRAINER_SAC = "sac"  # conditional log_sigma (a Linear) and a tanh squash
+
 MODEL_EXPORT_VERSION = 3  # SimpleActor.MODEL_EXPORT_VERSION (ModelApiVersion.MLAgents2_0)
 
 NORM_PREFIX = "network_body.observation_encoder.processors.{i}.normalizer."
@@ -51,6 +55,7 @@ NORM_FIELDS = (NORM_STEPS, NORM_MEAN, NORM_VAR)
 BODY_LAYER = "network_body._body_endoder.seq_layers.{j}.{p}"  # (sic: endoder); j = 2*layer
 LSTM_KEY = "network_body.lstm.lstm.{p}_l0"  # weight_ih, weight_hh, bias_ih, bias_hh
 LSTM_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+LSTM_W_IH, LSTM_W_HH, LSTM_B_IH, LSTM_B_HH = LSTM_PARAMS
 
 MU = "action_model._continuous_distribution.mu.{p}"
 LOG_SIGMA = "action_model._continuous_distribution.log_sigma"  # PPO: Parameter [1, A]

@@ -97,7 +97,7 @@ def ulp_problem(cmp: Dict[str, object], got: str, want: str, limit: int = 1, why
 
 def divisor_problem(obs: int, cmp: Dict[str, object]) -> Optional[str]:
     """An official divisor against IEEE: None when equal or 1 ulp off (another CPU's sqrt)."""
-    return ulp_problem(cmp, f"the official obs_{obs} divisor", "IEEE sqrt(variance/steps)", 1,
+    return ulp_problem(cmp, f"the official {C.OBS_INPUT.format(i=obs)} divisor", "IEEE sqrt(variance/steps)", 1,
                        "another CPU's sqrt explains at most 1 ulp: not this checkpoint's normalizer")
 
 
@@ -131,7 +131,7 @@ def reconcile_divisors(policy, official=None, mode: str = "auto", reference_name
         for i, d in ieee.items():
             if i not in found:
                 per_obs[str(i)] = {"found": False}
-                problems.append(f"the official ONNX has no folded divisor for obs_{i}")
+                problems.append(f"the official ONNX has no folded divisor for {C.OBS_INPUT.format(i=i)}")
                 continue
             cmp = compare_divisor(found[i], d)
             per_obs[str(i)] = cmp
@@ -170,7 +170,7 @@ def describe(decision: Dict[str, object]) -> str:
         return f"IEEE (the official's is not this normalizer: {decision['problem']})"
     if src == "official":
         idx = {k: v["indices"] for k, v in obs.items() if v.get("differs")}
-        where = "; ".join(f"obs_{k} {v}" for k, v in idx.items())
+        where = "; ".join(f"{C.OBS_INPUT.format(i=k)} {v}" for k, v in idx.items())
         return (f"adopted from the official ONNX: {diff}/{total} elements 1 ulp from IEEE "
                 f"(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path) at {where}")
     if obs:

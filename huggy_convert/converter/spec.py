@@ -5,8 +5,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Tuple
 
-PPO = "ppo"
-SAC = "sac"
+from .. import blocks
+from .. import contract as C
+
+PPO = C.TRAINER_PPO
+SAC = C.TRAINER_SAC
 
 
 @dataclass(frozen=True)
@@ -62,48 +65,31 @@ class PolicySpec:
         return (f"{self.algorithm.upper()} actor: {norm}obs {obs} -> {self.num_layers}x{self.hidden_units} "
                 f"{self.activation}{mem} -> {' + '.join(heads)}")
 
+    def io_signature(self):
+        """The policy's inputs and outputs as Unity binds them (names, dims, dtypes, kinds), in
+        Unity's order: the one source every name list below derives from (``blocks.IOSignature``)."""
+        return blocks.io_signature(self)
+
     def input_names(self) -> List[str]:
         """The policy's inputs as Unity names them: ``obs_0..``, ``action_masks``, ``recurrent_in``."""
-        from .. import contract as C
+        return self.io_signature().input_names()
 
-        names = [C.OBS_INPUT.format(i=i) for i in range(len(self.obs_sizes))]
-        if self.discrete_branches:
-            names.append(C.ACTION_MASKS)
-        if self.memory_size:
-            names.append(C.RECURRENT_IN)
-        return names
+    def output_names(self) -> List[str]:
+        """Every ONNX output, in ML-Agents' order."""
+        return self.io_signature().output_names()
 
     def deterministic_output_names(self) -> List[str]:
-        """The deterministic outputs of every head, in ML-Agents' order."""
-        from .. import contract as C
+        """The deterministic outputs of every head, in ML-Agents' order (then the memory)."""
+        return self.io_signature().deterministic_output_names()
 
-        names = []
-        if self.continuous_size:
-            names.append(C.OUT_CONT_DET)
-        if self.discrete_branches:
-            names.append(C.OUT_DISC_DET)
-        if self.memory_size:
-            names.append(C.RECURRENT_OUT)
-        return names
+    def sampled_output_names(self) -> List[str]:
+        """The stochastic outputs of every head, in ML-Agents' order."""
+        return self.io_signature().sampled_output_names()
 
     def parameter_count(self, include_log_sigma: bool = True) -> int:
-        """Trainable parameters of the actor (linear layers, LSTM, heads; normalizer excluded)."""
-        n, prev = 0, self.obs_total
-        for _ in range(self.num_layers):
-            n += prev * self.hidden_units + self.hidden_units
-            prev = self.hidden_units
-        if self.memory_size:
-            hs = self.memory_size // 2
-            n += 4 * hs * (self.hidden_units + hs) + 8 * hs
-            prev = hs
-        a = self.continuous_size
-        if a:
-            n += prev * a + a
-            if include_log_sigma:
-                n += (prev * a + a) if self.conditional_sigma else a
-        for b in self.discrete_branches:
-            n += prev * b + b
-        return n
+        """Trainable parameters of the actor (linear layers, LSTM, heads; normalizer excluded): the
+        sum of its blocks' counts."""
+        return blocks.parameter_count(self, include_log_sigma)
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -53,8 +53,9 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readabl
 seed_opt = click.option("--seed", default=0, show_default=True, type=int, help="seed of the generated inputs")
 obs_opt = click.option("--obs", default="random", show_default=True, metavar="random|zeros|probes|FILE",
                        help="random: seeded, at the normalizer's scale; zeros; probes: verify's probes; or a file: "
-                            ".npy (rows x obs width), .npz / .json object by input name (obs_0, obs_1, action_masks, "
-                            "recurrent_in), .json list of rows")
+                            ".npy (rows x obs width), .npz / .json object by input name ("
+                            f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, {C.ACTION_MASKS}, {C.RECURRENT_IN}), "
+                            ".json list of rows")
 rows_opt = click.option("--rows", default=1, show_default=True, type=int, help="rows of generated observations")
 
 SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."

@@ -42,14 +42,14 @@ def counted_parameters(src: Source) -> Dict[str, int]:
     """Parameter counts from the spec's formula and, independently, from the tensors themselves."""
     if src.kind == KIND_ONNX:
         lin, total = src.onnx_view.parameter_counts()
-        return {"linear": lin, "with_log_sigma": total, "counted_from": "ONNX initializers (Gemm/LSTM/Add)"}
+        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/Add)"}
     spec, T = src.spec, src.policy.tensors
     lin = sum(int(v.size) for k, v in T.items()
               if k.startswith(("body.", "lstm.", "discrete.")) or k in (C.C_MU_W, C.C_MU_B))
     sig = sum(int(v.size) for k, v in T.items() if k.startswith(C.C_LOG_SIGMA))
     return {"linear": spec.parameter_count(include_log_sigma=False),
-            "with_log_sigma": spec.parameter_count(include_log_sigma=True),
-            "tensors_linear": lin, "tensors_with_log_sigma": lin + sig,
+            C.P_WITH_LOG_SIGMA: spec.parameter_count(include_log_sigma=True),
+            "tensors_linear": lin, C.P_TENSORS_WITH_LOG_SIGMA: lin + sig,
             "counted_from": "spec formula and canonical tensors"}
 
 
@@ -75,7 +75,7 @@ def normalizer_summary(src: Source) -> List[Dict[str, object]]:
             d["steps"] = None  # folded into the divisor in an ONNX
             const = np.flatnonzero(div.astype(np.float64) ** 2 < CONSTANT_VAR)
         d["constant_dims"] = [int(j) for j in const]
-        d["constant_rule"] = f"running_variance / steps < {CONSTANT_VAR:g} (divisor < {np.sqrt(CONSTANT_VAR):g})"
+        d["constant_rule"] = f"{C.NORM_VAR} / steps < {CONSTANT_VAR:g} (divisor < {np.sqrt(CONSTANT_VAR):g})"
         d["fp16_overflow"] = bool(src.policy is not None and float(src.policy.tensors[C.c_norm(i, C.NORM_VAR)].max()) > 65504.0)
         out.append(d)
     return out
@@ -120,7 +120,7 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
     L = r.lines
     L.append(f"{d['source']}  ({d['kind']}{', newest checkpoint ' + src.label if run_dir else ''})")
     L.append(f"  spec: {spec.family}")
-    L.append(f"  parameters: {params['linear']:,} in the linear layers, {params['with_log_sigma']:,} with log_sigma"
+    L.append(f"  parameters: {params['linear']:,} in the linear layers, {params[C.P_WITH_LOG_SIGMA]:,} with the log sigma"
              f"  ({params['counted_from']})")
     if src.checkpoint is not None:
         L.append(f"  checkpoint: step {src.checkpoint.global_step}, sha256 {src.checkpoint.sha256[:16]}…, "
@@ -137,7 +137,7 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
                  + (f", variance {g(n['variance_range'][0], 4)}..{g(n['variance_range'][1], 4)}" if "variance_range" in n else "")
                  + f", divisor {g(n['divisor_range'][0], 4)}..{g(n['divisor_range'][1], 4)}")
         L.append(f"    constant dims: {n['constant_dims'] or 'none'} ({n['constant_rule']})"
-                 + ("; running_variance exceeds fp16's 65504: the normalizer must stay float32" if n["fp16_overflow"] else ""))
+                 + (f"; {C.NORM_VAR} exceeds fp16's 65504: the normalizer must stay float32" if n["fp16_overflow"] else ""))
     if inv is not None:
         for beh, b in inv["behaviors"].items():
             L.append(f"  behavior {beh}: {len(b['checkpoints'])} checkpoint(s)")

@@ -188,7 +188,7 @@ NEEDS = {  # need -> (what it is, whether the matrix has it)
     "official": ("the official ONNX ML-Agents wrote beside the checkpoint", lambda m: m.off is not None),
     "older": ("another checkpoint of the run (with its official ONNX)",
               lambda m: m.t.older is not None and m.t.older.with_suffix(".onnx").is_file()),
-    "rundir": ("a run directory (run_logs/training_status.json)", lambda m: m.t.run_dir is not None),
+    "rundir": (f"a run directory ({C.STATUS_FILE})", lambda m: m.t.run_dir is not None),
     "run_root": (f"the run root's <Behavior>.onnx and <Behavior>/{C.CHECKPOINT_FILE}",
                  lambda m: m.root_onnx.is_file() and m.root_ck.is_file()),
     "variants": ("variant fixtures (--fixtures or the bundled ones)", lambda m: bool(m.present_variants())),

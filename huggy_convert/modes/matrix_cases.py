@@ -116,13 +116,13 @@ def c_params(m):
 
     s = m.main
     c = counted_parameters(s)
-    ok = c["linear"] == c["tensors_linear"] and c["with_log_sigma"] == c["tensors_with_log_sigma"]
-    figs = {"family": s.spec.family, "linear": c["linear"], "with_log_sigma": c["with_log_sigma"],
-            "from_tensors": [c["tensors_linear"], c["tensors_with_log_sigma"]]}
+    ok = c["linear"] == c["tensors_linear"] and c[C.P_WITH_LOG_SIGMA] == c[C.P_TENSORS_WITH_LOG_SIGMA]
+    figs = {"family": s.spec.family, "linear": c["linear"], C.P_WITH_LOG_SIGMA: c[C.P_WITH_LOG_SIGMA],
+            "from_tensors": [c["tensors_linear"], c[C.P_TENSORS_WITH_LOG_SIGMA]]}
     if m.t.expect_params is not None:
         huggy_spec = s.spec.obs_sizes == (59,) and s.spec.continuous_size == 21 and s.spec.hidden_units == 512 \
             and s.spec.num_layers == 3
-        ok = ok and huggy_spec and (c["linear"], c["with_log_sigma"]) == m.t.expect_params
+        ok = ok and huggy_spec and (c["linear"], c[C.P_WITH_LOG_SIGMA]) == m.t.expect_params
         figs["expected"] = list(m.t.expect_params)
     return Outcome(ok, figs)
 
@@ -140,7 +140,7 @@ def c_norm(m):
                         "fp16_overflow": x["fp16_overflow"]})
 
 
-@case(1, "run-directory checkpoint inventory (training_status.json)", lambda m: m.cmd("info", m.home),
+@case(1, f"run-directory checkpoint inventory ({Path(C.STATUS_FILE).name})", lambda m: m.cmd("info", m.home),
       needs=("rundir",))
 def c_inv(m):
     from .sources import run_inventory
@@ -203,9 +203,9 @@ def c_onnx_info(m):
             "normalize", "algorithm")
     same = all(getattr(a, k) == getattr(b, k) for k in keys)
     pc = counted_parameters(so)
-    ok = same and (pc["linear"], pc["with_log_sigma"]) == (b.parameter_count(False), b.parameter_count(True))
+    ok = same and (pc["linear"], pc[C.P_WITH_LOG_SIGMA]) == (b.parameter_count(False), b.parameter_count(True))
     return Outcome(ok, {"opset": so.onnx_view.opset, "inputs": [n for n, _ in so.onnx_view.inputs],
-                        "spec_equal": same, "parameters": [pc["linear"], pc["with_log_sigma"]]})
+                        "spec_equal": same, "parameters": [pc["linear"], pc[C.P_WITH_LOG_SIGMA]]})
 
 
 # 2 deterministic actions ---------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def c_ort_sample(m):
     return Outcome(s.bitwise, _st(s))
 
 
-@case(3, "sample = clip(mu + eps*exp(log_sigma), -3, 3)/3 with the seed's CPU noise",
+@case(3, "sample = clip(mu + eps*exp(log sigma), -3, 3)/3 with the seed's CPU noise",
       lambda m: m.cmd("sample", m.ck, "--seed 5 --rows 256"), needs=("ppo_continuous",))
 def c_formula(m):
     from ..runtime import draw_noise
@@ -863,7 +863,7 @@ def c_onnx_reexport(m):
 def c_noise(m):
     _, r = m.exported(11, noise=True)
     o = r.data["outputs"].get(C.OUT_CONT, {})
-    return Outcome(r.ok and o.get("bitwise", False), {"continuous_actions": f"{o.get('bitwise_equal')}/{o.get('count')}",
+    return Outcome(r.ok and o.get("bitwise", False), {C.OUT_CONT: f"{o.get('bitwise_equal')}/{o.get('count')}",
                                                       "checker": r.data["checker_full_check"]})
 
 

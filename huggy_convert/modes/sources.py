@@ -19,7 +19,7 @@ import numpy as np
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
-from ..rundir import newest_checkpoint
+from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 from ..runtime import STOCHASTIC, ort_providers  # noqa: F401 (the modes take them from here)
 
@@ -46,7 +46,7 @@ def run_inventory(run_dir) -> Dict[str, object]:
     from ..rundir import discover
 
     root, status, items, warnings = discover(Path(run_dir))
-    out: Dict[str, object] = {"run_dir": str(run_dir), "training_status": display_path(status) if status else None,
+    out: Dict[str, object] = {"run_dir": str(run_dir), STATUS_KEY: display_path(status) if status else None,
                               "warnings": warnings, "behaviors": {}}
     for it in items:
         beh = out["behaviors"].setdefault(it.behavior or "(unknown)", {"checkpoints": [], "checkpoint_pt": None})

@@ -13,50 +13,19 @@ from ..converter import Policy, PolicySpec
 
 
 def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.ndarray]:
-    """Input feed for every ONNX input of ``policy``.
+    """Input feed for every ONNX input of ``policy``: each block's probes (``Block.probe``), drawn in
+    Unity's input order from one seeded generator.
 
-    Half the rows sit at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter are far
-    outside the +-5 clip (mean +- 20..1e3 std, and +-1e4); the rest are N(0, 3) and zeros. Pushing
-    the body with clipped inputs drives some actions into the +-3 clip as well. Without a
-    normalizer (std taken as 3) the outliers stay at 2..10 std and +-100: unnormalized inputs of
-    1e4 make float32 sums whose rounding differs between runtimes by more than any useful bound.
+    Observations: half the rows at the normalizer's scale, a quarter far outside its +-5 clip, the
+    rest N(0, 3) and zeros (``blocks.normalizer``); pushing the body with clipped inputs drives some
+    actions into the +-3 clip as well. Masks allow at least one action per branch; memories are N(0, 1).
     """
-    spec, T = policy.spec, policy.tensors
+    from .. import blocks
+
     rng = np.random.default_rng(seed)
     feed: Dict[str, np.ndarray] = {}
-    q = max(rows // 4, 1)
-    for i, n in enumerate(spec.obs_sizes):
-        if spec.normalize:
-            mean = T[C.c_norm(i, C.NORM_MEAN)].astype(np.float64)
-            std = np.sqrt(T[C.c_norm(i, C.NORM_VAR)].astype(np.float64) / float(T[C.c_norm(i, C.NORM_STEPS)].reshape(-1)[0]))
-        else:
-            mean, std = np.zeros(n), np.full(n, 3.0)
-        x = np.empty((rows, n), dtype=np.float64)
-        half = rows // 2
-        x[:half] = mean + rng.standard_normal((half, n)) * std
-        if spec.normalize:  # far outside the normalizer's +-5 clip
-            far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(20, 1e3, size=(q, n))
-            hard = 1e4
-        else:  # no clip to reach: large but plausible magnitudes that still saturate the +-3 action clip
-            far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(2, 10, size=(q, n))
-            hard = 100.0
-        x[half:half + q] = mean + far * std
-        x[half + q - 1] = np.where(rng.random(n) < 0.5, -hard, hard)  # hard outliers
-        rest = rows - half - q
-        if rest > 0:
-            x[half + q:] = rng.standard_normal((rest, n)) * 3.0
-            x[-1] = 0.0
-        feed[C.OBS_INPUT.format(i=i)] = x.astype(np.float32)
-    if spec.discrete_branches:
-        m = (rng.random((rows, spec.discrete_total)) < 0.7).astype(np.float32)
-        start = 0
-        for n in spec.discrete_branches:
-            pick = rng.integers(0, n, size=rows)
-            m[np.arange(rows), start + pick] = 1.0  # at least one action allowed per branch
-            start += n
-        feed[C.ACTION_MASKS] = m
-    if spec.memory_size:
-        feed[C.RECURRENT_IN] = rng.standard_normal((rows, 1, spec.memory_size)).astype(np.float32)
+    for block in blocks.active(policy.spec):
+        feed.update(block.probe(policy, rng, rows))
     return feed
 
 

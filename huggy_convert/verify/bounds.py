@@ -36,7 +36,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .. import contract as C
+from .. import blocks
 from ..numerics import U32
 
 LAMBDA = 6.0
@@ -63,7 +63,8 @@ class Bounded:
         return Bounded(self.v[:, lo:hi], self.err[:, lo:hi])
 
 
-def _f64(a) -> np.ndarray:
+def f64(a) -> np.ndarray:
+    """``a`` as float32 (what every float32 runtime reads), then exactly in float64."""
     return np.asarray(a, dtype=np.float32).astype(np.float64)
 
 
@@ -87,7 +88,7 @@ class Linear:
 
         self.W32 = torch.from_numpy(np.array(W, dtype=np.float32, order="C"))
         self.WT = self.W32.to(torch.float64).t()
-        self.b = _f64(b) if b is not None else np.zeros(self.W32.shape[0])
+        self.b = f64(b) if b is not None else np.zeros(self.W32.shape[0])
         self.n = self.W32.shape[1] + (1 if b is not None else 0)
         self._aWT = self._W2T = None
 
@@ -175,22 +176,18 @@ class Reference:
 
 
 class Float64Policy:
-    """The policy's float32 tensors in float64, prepared once; :meth:`forward` runs the float64
-    reference (with bounds, or ``bounds=False`` for the values alone)."""
+    """The policy's float32 tensors in float64, prepared once (each block's ``reference_init``);
+    :meth:`forward` runs the float64 reference (with bounds, or ``bounds=False`` for the values
+    alone): a loop over the blocks (``huggy_convert.blocks``), stage by stage, as the exporters."""
 
     def __init__(self, policy):
-        spec, T = policy.spec, policy.tensors
+        spec = policy.spec
         self.spec = spec
-        self.norm = [(_f64(T[C.c_norm(i, C.NORM_MEAN)]), _f64(policy.divisor(i))) for i in range(len(spec.obs_sizes))] \
-            if spec.normalize else []
-        self.body = [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(spec.num_layers)]
-        self.lstm = (Linear(T[C.c_lstm("weight_ih")], T[C.c_lstm("bias_ih")]),
-                     Linear(T[C.c_lstm("weight_hh")], T[C.c_lstm("bias_hh")])) if spec.memory_size else None
-        self.mu = Linear(T[C.C_MU_W], T[C.C_MU_B]) if spec.continuous_size else None
-        self.log_sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if spec.conditional_sigma else
-                          _f64(T[C.C_LOG_SIGMA])) if spec.continuous_size else None
-        self.branches = [Linear(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")])
-                         for b in range(len(spec.discrete_branches))]
+        self._n_obs = sum(p.kind == blocks.OBSERVATION for p in spec.io_signature().inputs)
+        prepared = [(b, b.reference_init(policy)) for b in blocks.active(spec)]
+        self._observe = [(b, w) for b, w in prepared if b.stage == blocks.OBSERVE and b.has("reference_observe")]
+        self._encode = [(b, w) for b, w in prepared if b.stage == blocks.ENCODE and b.has("reference_encode")]
+        self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
     def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":
         with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
@@ -201,69 +198,17 @@ class Float64Policy:
         vals = self.forward(feed, bounds=False).values
         return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in vals.items()}
 
-    def _encode(self, feed, bounds: bool):
-        spec = self.spec
-        parts = []
-        for i in range(len(spec.obs_sizes)):
-            x = _f64(feed[C.OBS_INPUT.format(i=i)])
-            if spec.normalize:
-                mean, div = self.norm[i]
-                q = (x - mean) / div
-                b = clip(Bounded(q, 2 * U32 * np.abs(q) * (1 + U32) if bounds else np.zeros_like(q)),
-                         -C.NORM_CLIP, C.NORM_CLIP)
-            else:
-                b = Bounded.exact(x)
-            parts.append(b)
-        h = parts[0] if len(parts) == 1 else concat(parts)
-        for lin in self.body:
-            h = swish(affine(h, lin, bounds))
-        mem_out = None
-        if self.lstm is not None:
-            hs = spec.memory_size // 2
-            m = _f64(feed[C.RECURRENT_IN])[:, 0, :]
-            h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
-            g = add(affine(h, self.lstm[0], bounds), affine(h0, self.lstm[1], bounds))
-            i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: i, f, g, o
-            c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
-            h1 = mul(sigmoid(o_g), tanh(c1))
-            h = h1
-            mem_out = concat([h1, c1])
-        return h, mem_out
-
     def _forward(self, feed, noise, bounds: bool) -> "Reference":
-        spec = self.spec
-        h, mem = self._encode(feed, bounds)
-        values: Dict[str, np.ndarray] = {}
-        errs: Dict[str, np.ndarray] = {}
-        logits: Dict[int, Bounded] = {}
-        if self.mu is not None:
-            mu = affine(h, self.mu, bounds)
-            det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
-            values[C.OUT_CONT_DET], errs[C.OUT_CONT_DET] = det.v, det.err
-            if noise is not None:
-                if spec.conditional_sigma:
-                    ls = clip(affine(h, self.log_sigma, bounds), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
-                else:
-                    ls = Bounded.exact(np.broadcast_to(self.log_sigma, mu.v.shape))
-                s = add(mu, mul(exp(ls), Bounded.exact(_f64(noise))))
-                out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
-                values[C.OUT_CONT], errs[C.OUT_CONT] = out.v, out.err
-        if self.branches:
-            masks = _f64(feed[C.ACTION_MASKS])
-            start, picks = 0, []
-            for b, (lin, n) in enumerate(zip(self.branches, spec.discrete_branches)):
-                lg = affine(h, lin, bounds)
-                m = masks[:, start:start + n]
-                start += n
-                # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8
-                lg = Bounded(np.where(m > 0, lg.v, -C.MASK_PENALTY), np.where(m > 0, lg.err, 0.0))
-                logits[b] = lg
-                picks.append(np.argmax(lg.v, axis=1))
-            values[C.OUT_DISC_DET] = np.stack(picks, axis=1).astype(np.int64)
-            errs[C.OUT_DISC_DET] = np.zeros(values[C.OUT_DISC_DET].shape)
-        if mem is not None:
-            values[C.RECURRENT_OUT], errs[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
-        return Reference(values, errs, logits)
+        r = blocks.ReferenceFlow(feed, bounds, noise)
+        for b, w in self._observe:
+            b.reference_observe(r, w)
+        parts = [r.encoded[i] for i in range(self._n_obs)]
+        r.h = parts[0] if len(parts) == 1 else concat(parts)
+        for b, w in self._encode:
+            b.reference_encode(r, w)
+        for b, w in self._outputs:
+            b.reference_output(r, w)
+        return Reference(r.values, r.errs, r.logits)
 
 
 def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> "Reference":

@@ -7,6 +7,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from .. import contract as C
 from ..numerics import ulp_distance  # noqa: F401 (re-exported: verify.compare.ulp_distance)
 
 
@@ -191,5 +192,5 @@ def parse_overrides(values) -> Dict[str, float]:
         except ValueError:
             from ..errors import InputError
 
-            raise InputError(f"bad tolerance '{v}': expected [OUTPUT:]NUMBER, e.g. deterministic_continuous_actions:1e-5") from None
+            raise InputError(f"bad tolerance '{v}': expected [OUTPUT:]NUMBER, e.g. {C.OUT_CONT_DET}:1e-5") from None
     return out

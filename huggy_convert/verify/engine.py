@@ -402,7 +402,7 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
             except Exception as exc:
                 c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
                 continue
-            norm = _pinned_dtypes(mod)
+            norm = mod.pinned_dtypes()
             runner = module_runner(mod)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
@@ -416,7 +416,7 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
             c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
                                    lambda r=runner: r(zero_feed), o.rtol, nz))
     for title, mod in extra_modules:
-        norm = _pinned_dtypes(mod)
+        norm = mod.pinned_dtypes() if hasattr(mod, "pinned_dtypes") else {}
         dt = str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters()) else "float32"
         runner = module_runner(mod)
         c4.add(K.check_runtime(title, runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
@@ -487,11 +487,6 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
             ref_noised = rn(main_feed_name, noised_feed)[C.OUT_CONT]
         rep.golden = golden_bytes(main_feed, full_ref, main_noise, ref_noised)
     return rep
-
-
-def _pinned_dtypes(mod) -> Dict[str, str]:
-    """The normalizer buffers a module keeps float32 whatever else is cast, with their dtypes."""
-    return {n: str(getattr(mod, n).dtype).replace("torch.", "") for n in getattr(mod, "_pinned", [])}
 
 
 def write_report(rep: Report, path, fsync: bool = True) -> Dict[str, str]:

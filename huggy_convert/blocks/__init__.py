@@ -1,0 +1,89 @@
+"""The block registry: one file per part of an ML-Agents actor, each owning everything about it.
+
+A block (:class:`base.Block`) owns, for its part of the actor:
+
+- its checkpoint key rules (``claim``: the ML-Agents keys it takes, the canonical tensors they
+  become, the spec fields it infers, the shapes it cross-checks; ``constant_checks``: what the
+  actor's constant vectors must say about it) — ``converter.mapping`` loops over them;
+- its parameter count (``parameter_count``) — ``PolicySpec.parameter_count`` sums them;
+- its input/output ports (``inputs``/``outputs``) — ``PolicySpec.io_signature`` concatenates them;
+- its ONNX nodes (``onnx_observe`` for an observation's processor, ``onnx_encode`` for a features
+  block, ``onnx_head`` + ``onnx_output`` for a head; ``onnx_dims``) —
+  ``exporters.onnx_export.build_onnx`` loops over them;
+- its torch parameters and forward (``torch_init``, ``torch_observe`` / ``torch_encode`` / ``torch_output``) —
+  ``exporters.torch_module.PolicyModule`` loops over them, one forward path for ``forward`` and ``sample``;
+- its float64 reference with error bounds (``reference_init``, ``reference_observe`` /
+  ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
+- its probe inputs (``probe``) — ``verify.probes.make_probes`` merges them.
+
+:data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
+memory; outputs: the actor's header, continuous, discrete, memory). The computation runs stage by
+stage — ``frame`` (the actor's constants), ``observe`` (each observation -> its encoding, written to
+``f.encoded[i]``; the orchestrators concatenate them in observation order, as ML-Agents'
+ObservationEncoder does), ``encode`` (features -> features: body, memory), ``head`` (features ->
+actions) — in registry order within a stage: :func:`in_stage`.
+
+How to add a family (e.g. a visual encoder: an ``observe`` block for the observations of its kind,
+beside the vector normalizer; attention: an ``observe`` block for the entity observations; a
+hypernetwork body: an ``encode`` block claiming its keys, with the MLP body's rule made to step
+aside when they are there):
+
+1. Write ``blocks/<family>.py`` with one ``Block`` subclass. Put every ML-Agents key, Unity name and
+   node scope it needs in ``contract/`` (``mlagents.py``, ``unity.py``) and its canonical tensor
+   names in ``contract/canonical.py``; a block file holds no such literal (``tests/test_architecture.py``).
+2. ``claim``: take every key the family owns with ``r.take`` / ``r.linear`` (or ``r.ignore`` with a
+   reason), fail with ``r.error`` naming the key, record spec fields in ``r.fields`` (add them to
+   ``PolicySpec``) and the feature width the next block reads in ``r.state["width"]``. Remove the
+   family's pattern from ``C.UNSUPPORTED_PATTERNS``.
+3. Implement the spec, ONNX, torch and probe hooks the family has; ``active(spec)`` says when it is there.
+4. Add an instance to :data:`REGISTRY` at its place in Unity's I/O order, and its tests (a fixture
+   from ML-Agents' own code, the keys it claims, its ONNX against the official file, its module).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List, Tuple
+
+from . import actor
+from .actor import Actor
+from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
+                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
+from .body import Body
+from .continuous import Continuous
+from .discrete import Discrete
+from .memory import Memory
+from .normalizer import Normalizer
+
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Body(), Continuous(), Discrete(), Memory())
+
+
+def in_stage(stage: str, spec=None) -> List[Block]:
+    """The blocks of ``stage`` in registry order (only those ``spec`` has, when given)."""
+    return [b for b in REGISTRY if b.stage == stage and (spec is None or b.active(spec))]
+
+
+def compute_order(spec=None) -> List[Block]:
+    """Every block in the order the computation runs them (stage by stage)."""
+    return [b for stage in STAGES for b in in_stage(stage, spec)]
+
+
+def active(spec) -> List[Block]:
+    """The blocks ``spec`` has, in registry (I/O) order."""
+    return [b for b in REGISTRY if b.active(spec)]
+
+
+@lru_cache(maxsize=256)
+def io_signature(spec) -> IOSignature:
+    blocks = active(spec)
+    return IOSignature(tuple(p for b in blocks for p in b.inputs(spec)),
+                       tuple(p for b in blocks for p in b.outputs(spec)))
+
+
+def parameter_count(spec, include_log_sigma: bool = True) -> int:
+    return sum(b.parameter_count(spec, include_log_sigma) for b in active(spec))
+
+
+def check_constants(r: KeyRules) -> None:
+    """Every block's constant-vector checks: the blocks' own first, then the frame's (they span the heads)."""
+    order = [b for b in REGISTRY if b.stage != FRAME] + in_stage(FRAME)
+    actor.check_constants(r, [c for b in order for c in b.constant_checks(r)])

@@ -1,0 +1,49 @@
+"""The actor's frame (ML-Agents' ``SimpleActor``): its constant vectors, the export version it
+must carry, the two header outputs Unity reads first, and the rules across the heads."""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from .. import contract as C
+from ..errors import UnsupportedError
+from .base import CONSTANT, FRAME, Block, KeyRules, Port
+
+
+class Actor(Block):
+    name = "actor"
+    stage = FRAME
+
+    def claim(self, r: KeyRules) -> None:
+        for k in C.CONSTANT_KEYS:
+            r.require(k, f"missing key '{k}': not an ML-Agents actor state dict")
+        r.state["constants"] = consts = {k: r.take(k, C.c_const(k)) for k in C.CONSTANT_KEYS}
+        version = consts[C.K_VERSION].reshape(-1)
+        if version.size != 1 or int(version[0]) != C.MODEL_EXPORT_VERSION:
+            raise UnsupportedError(f"not supported yet: model export version {version.tolist()} (this tool reads "
+                                   f"version {C.MODEL_EXPORT_VERSION}, ML-Agents 2.x / Release 18+)", r.path)
+        r.fields["algorithm"] = C.TRAINER_PPO
+
+    def finish(self, r: KeyRules) -> None:
+        if not r.fields.get("continuous_size") and not r.fields.get("discrete_branches"):
+            raise r.error(f"missing key '{C.MU.format(p='weight')}' (no action head at all)")
+
+    def constant_checks(self, r: KeyRules):
+        cont, branches = r.fields.get("continuous_size", 0), list(r.fields.get("discrete_branches", ()))
+        return [(C.K_ACT_SIZE, [cont + sum(branches)], "action heads"),
+                (C.K_IS_CONTINUOUS, [1 if cont > 0 and not branches else 0], "action heads")]
+
+    def outputs(self, spec) -> List[Port]:
+        return [Port(C.OUT_VERSION, (1,), kind=CONSTANT, tensor=C.c_const(C.K_VERSION), init=C.VERSION_INIT),
+                Port(C.OUT_MEMORY, (1,), kind=CONSTANT, tensor=C.c_const(C.K_MEMORY_SIZE), init=C.K_MEMORY_SIZE)]
+
+
+def check_constants(r: KeyRules, checks) -> None:
+    """Each (constant key, expected, what says so) in ``checks`` must hold: the constant vectors say
+    what the tensors say (stricter than ML-Agents, which ignores them)."""
+    consts = r.state["constants"]
+    for key, want, what in checks:
+        got = consts[key]
+        if list(np.asarray(got).reshape(-1).astype(np.int64)) != list(want):
+            raise r.error(f"'{key}' says {np.asarray(got).reshape(-1).tolist()} but the {what} says {list(want)}")

@@ -1,0 +1,320 @@
+"""What a block is: the :class:`Block` hooks, the I/O :class:`Port`, and the contexts the
+orchestrators hand to the hooks (:class:`KeyRules` for the checkpoint, :class:`OnnxFlow` for the
+graph, :class:`TorchFlow` for one forward). Nothing here imports torch or onnx at import time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import SpecError
+
+# Stages, in the order the computation runs them. Within a stage blocks run in registry order.
+# frame: the actor's constants; observe: each observation to its encoding (the orchestrators then
+# concatenate the encodings in observation order); encode: features to features; head: actions.
+FRAME, OBSERVE, ENCODE, HEAD = "frame", "observe", "encode", "head"
+STAGES = (FRAME, OBSERVE, ENCODE, HEAD)
+
+# Port kinds
+OBSERVATION = "observation"  # an observation input
+MASK = "mask"  # the discrete heads' action masks
+MEMORY = "memory"  # recurrent state (in and out); the memory output is part of the deterministic outputs
+CONSTANT = "constant"  # a constant output (an initializer behind an Identity)
+SAMPLED = "sampled"  # a stochastic action output
+DETERMINISTIC = "deterministic"  # a deterministic action output
+
+Dim = Any  # an int, or C.BATCH_DIM
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input or output of the policy as Unity binds it.
+
+    ``dims`` uses ``C.BATCH_DIM`` for the batch axis; ``tensor`` (constant outputs) is the canonical
+    tensor behind it and ``init`` the ONNX initializer's name."""
+
+    name: str
+    dims: Tuple[Dim, ...]
+    dtype: str = "float32"
+    kind: str = OBSERVATION
+    tensor: Optional[str] = None
+    init: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class IOSignature:
+    """The policy's inputs and outputs, in Unity's order: the one source of their names, dims, dtypes."""
+
+    inputs: Tuple[Port, ...]
+    outputs: Tuple[Port, ...]
+
+    def input_names(self) -> List[str]:
+        return [p.name for p in self.inputs]
+
+    def output_names(self) -> List[str]:
+        return [p.name for p in self.outputs]
+
+    def deterministic_output_names(self) -> List[str]:
+        """What the torch module's ``forward`` returns: every deterministic action, then the memory."""
+        return [p.name for p in self.outputs if p.kind in (DETERMINISTIC, MEMORY)]
+
+    def sampled_output_names(self) -> List[str]:
+        """What the torch module's ``sample`` returns."""
+        return [p.name for p in self.outputs if p.kind == SAMPLED]
+
+    def constant_outputs(self) -> List[Port]:
+        return [p for p in self.outputs if p.kind == CONSTANT]
+
+    def port(self, name: str) -> Port:
+        for p in self.inputs + self.outputs:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+class Block:
+    """One part of the actor. Every hook has a neutral default, so a block implements what it owns.
+
+    A block is a stateless singleton; the orchestrators (``converter.mapping``, ``PolicySpec``,
+    ``exporters.onnx_export``, ``exporters.torch_module``, ``verify.probes``) call its hooks in
+    registry order, stage by stage."""
+
+    name: str = ""
+    stage: str = ENCODE
+    row_as_vector: bool = True  # its torch forward takes one row as a vector (False: it needs the batch axis)
+
+    def active(self, spec) -> bool:
+        """Whether ``spec`` has this block at all."""
+        return True
+
+    def has(self, hook: str) -> bool:
+        """Whether this block implements ``hook`` (the orchestrators skip the neutral defaults)."""
+        return getattr(type(self), hook) is not getattr(Block, hook)
+
+    # --- checkpoint (converter.mapping) --------------------------------------------------
+    def claim(self, r: "KeyRules") -> None:
+        """Take this block's keys from ``r`` (``r.take``), infer its spec fields (``r.fields``) and
+        check their shapes; raise ``r.error(...)`` for anything wrong. Runs even when the block is
+        absent from the checkpoint (it then claims nothing and says so in ``r.fields``)."""
+
+    def finish(self, r: "KeyRules") -> None:
+        """After every block has claimed: rules across blocks (e.g. 'at least one action head')."""
+
+    def constant_checks(self, r: "KeyRules") -> List[Tuple[str, List[int], str]]:
+        """(constant key, what this block's tensors say it must hold, what says so)."""
+        return []
+
+    # --- spec ------------------------------------------------------------------------------
+    def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
+        return 0
+
+    def inputs(self, spec) -> List[Port]:
+        return []
+
+    def outputs(self, spec) -> List[Port]:
+        return []
+
+    # --- ONNX (exporters.onnx_export) ------------------------------------------------------
+    def onnx_observe(self, f: "OnnxFlow") -> None:
+        """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
+
+    def onnx_encode(self, f: "OnnxFlow") -> None:
+        """ENCODE blocks: from ``f.h`` (None before the first) to the next features."""
+
+    def onnx_head(self, f: "OnnxFlow") -> None:
+        """HEAD blocks, first pass: the distribution (all heads' in trace order)."""
+
+    def onnx_output(self, f: "OnnxFlow") -> None:
+        """HEAD blocks, second pass: the output nodes."""
+
+    def onnx_dims(self, spec) -> Dict[str, str]:
+        """Output name -> the name torch.onnx gives its batch axis (where it is not ``batch``)."""
+        return {}
+
+    # --- torch (exporters.torch_module) ----------------------------------------------------
+    def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        """Register this block's parameters/buffers on ``module`` (the names are part of the .pt2).
+        Called for every block, present in the spec or not: an absent one registers nothing, or an
+        empty container (the discrete head's ``branches``: the .pt2's module call graph lists it)."""
+
+    def torch_observe(self, f: "TorchFlow") -> None:
+        """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
+
+    def torch_encode(self, f: "TorchFlow") -> None:
+        """ENCODE blocks: from ``f.h`` to the next features."""
+
+    def torch_output(self, f: "TorchFlow") -> list:
+        """This block's outputs: deterministic ones, or sampled ones when ``f.sampling``."""
+        return []
+
+    # --- the float64 reference with error bounds (verify.bounds) ------------------------------
+    def reference_init(self, policy) -> Any:
+        """This block's weights in float64 (``bounds.Linear``...), prepared once per policy."""
+        return None
+
+    def reference_observe(self, r: "ReferenceFlow", w) -> None:
+        """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+
+    def reference_encode(self, r: "ReferenceFlow", w) -> None:
+        """ENCODE blocks: from ``r.h`` to the next features."""
+
+    def reference_output(self, r: "ReferenceFlow", w) -> None:
+        """Output blocks: ``r.values[name]``, ``r.errs[name]`` (and ``r.logits`` for argmax ties)."""
+
+    # --- probes (verify.probes) ------------------------------------------------------------
+    def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
+        """Seeded inputs for this block's input ports."""
+        return {}
+
+
+def _shape(t) -> Tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+class KeyRules:
+    """A ``Policy`` state dict being accounted for: every key is taken by a block, ignored for a
+    stated reason, or an error naming it. Blocks infer spec fields into ``fields`` and pass what the
+    next block needs in ``state`` (e.g. ``width``: the features the next block takes)."""
+
+    def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None):
+        self.sd = sd
+        self.keys = list(sd.keys())
+        self.path = path
+        self.obs_sizes = obs_sizes
+        self.remaining = set(self.keys)
+        self.tensors: Dict[str, np.ndarray] = {}
+        self.sources: Dict[str, str] = {}
+        self.ignored: Dict[str, str] = {}
+        self.original: Dict[str, Dict[str, object]] = {}
+        self.exact_steps: Dict[str, int] = {}
+        self.fields: Dict[str, Any] = {}
+        self.state: Dict[str, Any] = {}
+
+    def error(self, message: str) -> SpecError:
+        return SpecError(message, self.path)
+
+    @staticmethod
+    def shape(t) -> Tuple[int, ...]:
+        return _shape(t)
+
+    def matching(self, pattern) -> List[Any]:
+        """The match objects of every key ``pattern`` matches, in key order."""
+        return [m for k in self.keys if (m := pattern.match(k))]
+
+    def indices(self, pattern) -> List[int]:
+        """The sorted distinct group(1) integers of the keys ``pattern`` matches."""
+        return sorted({int(m.group(1)) for m in self.matching(pattern)})
+
+    def contiguous(self, idx: List[int], what: str) -> None:
+        if idx and idx != list(range(len(idx))):
+            raise self.error(f"{what} indices {idx} are not 0..{len(idx) - 1}")
+
+    def require(self, key: str, message: Optional[str] = None):
+        if key not in self.sd:
+            raise self.error(message or f"missing key '{key}'")
+        return self.sd[key]
+
+    def matrix(self, key: str):
+        """The 2-D tensor at ``key``, or a 'missing key' error."""
+        t = self.sd.get(key)
+        if t is None or len(_shape(t)) != 2:
+            raise self.error(f"missing key '{key}'")
+        return t
+
+    def ignore(self, key: str, why: str) -> None:
+        self.ignored[key] = why
+        self.remaining.discard(key)
+
+    def take(self, key: str, canonical: str, shape: Optional[Tuple[int, ...]] = None, finite: bool = True):
+        """Claim ``key`` as the canonical tensor ``canonical`` (float32, C order): dtype, shape and
+        finiteness checked; a non-float32 original is recorded, and must fit float32 exactly."""
+        import torch
+
+        if key not in self.sd:
+            raise self.error(f"missing key '{key}'")
+        t = self.sd[key]
+        if shape is not None and _shape(t) != tuple(shape):
+            raise self.error(f"wrong shape for '{key}': {list(_shape(t))}, expected {list(shape)}")
+        if not (t.dtype.is_floating_point or t.dtype in (torch.int64, torch.int32)):
+            raise self.error(f"unexpected dtype {t.dtype} for '{key}'")
+        a = t.detach().cpu().contiguous()
+        a = (a.to(torch.float32) if t.dtype in (torch.bfloat16,) else a).numpy()
+        if a.dtype != np.float32:
+            self.original[canonical] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(_shape(t))}
+            if a.dtype.kind == "f" and a.dtype.itemsize > 4:
+                if not np.array_equal(a.astype(np.float32).astype(a.dtype), a, equal_nan=True):
+                    raise self.error(f"'{key}' is {a.dtype} and does not fit float32 exactly")
+            a = a.astype(np.float32)
+        if finite and not np.all(np.isfinite(a)):
+            bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+            raise self.error(f"'{key}' holds {bad} non-finite value(s) (NaN/Inf)")
+        self.tensors[canonical] = np.array(a, dtype=np.float32, order="C")
+        self.sources[canonical] = key
+        self.remaining.discard(key)
+        return a
+
+    def linear(self, key_pattern: str, w_canonical: str, b_canonical: str, out: int, width: int) -> None:
+        """Take a Linear's ``weight`` [out, width] and ``bias`` [out] (``key_pattern`` has ``{p}``)."""
+        self.take(key_pattern.format(p="weight"), w_canonical, (out, width))
+        self.take(key_pattern.format(p="bias"), b_canonical, (out,))
+
+
+@dataclass
+class OnnxFlow:
+    """The graph being built: ``g`` (the opset-aware builder), the policy, each observation's
+    encoding (``encoded``), the current features ``h`` and what heads hand from their first pass
+    to their second (``state``)."""
+
+    g: Any
+    policy: Any
+    h: Optional[str] = None
+    encoded: Dict[int, str] = field(default_factory=dict)
+    state: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self):
+        return self.policy.spec
+
+    def init(self, canonical: str) -> str:
+        """An initializer holding canonical tensor ``canonical``, named as ML-Agents names it (its key)."""
+        return self.g.init(self.policy.sources.get(canonical, canonical), self.policy.tensors[canonical])
+
+    def gemm(self, x: str, w_canonical: str, b_canonical: str, scope: str, out: Optional[str] = None) -> str:
+        w, b = self.init(w_canonical), self.init(b_canonical)
+        return self.g.node("Gemm", [x, w, b], scope, out=out, alpha=1.0, beta=1.0, transB=1)
+
+
+@dataclass(slots=True)
+class TorchFlow:
+    """One forward through the module: the inputs by name, each observation's encoding
+    (``encoded``), the current features ``h``, and how to run (``vec``: one row as a vector, eager; ``inplace``: autograd off, not traced).
+    ``sampling`` holds the injected noise ({'noise', 'uniform'}) for ``sample``, else None."""
+
+    module: Any
+    feed: Dict[str, Any]
+    vec: bool
+    inplace: bool
+    h: Any = None
+    sampling: Optional[Dict[str, Any]] = None
+    encoded: Dict[int, Any] = field(default_factory=dict)
+    state: Dict[str, Any] = field(default_factory=dict)
+
+
+
+
+@dataclass
+class ReferenceFlow:
+    """One float64 forward (``verify.bounds``): the feed, whether bounds are carried, the injected
+    noise (or None), each observation's encoding, the features ``h``, and the outputs' values,
+    bounds and (discrete heads) masked logits, in output order."""
+
+    feed: Dict[str, np.ndarray]
+    bounds: bool
+    noise: Optional[np.ndarray] = None
+    h: Any = None
+    encoded: Dict[int, Any] = field(default_factory=dict)
+    values: Dict[str, np.ndarray] = field(default_factory=dict)
+    errs: Dict[str, np.ndarray] = field(default_factory=dict)
+    logits: Dict[int, Any] = field(default_factory=dict)
+    state: Dict[str, Any] = field(default_factory=dict)

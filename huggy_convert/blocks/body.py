@@ -1,0 +1,88 @@
+"""The MLP body: ``[Linear, Swish] x num_layers``, Swish = ``x * sigmoid(x)`` exported as Sigmoid +
+Mul (ML-Agents' own form; ``F.silu`` rounds differently). No residuals. The first layer's input
+width fixes the observation split where no normalizer does."""
+from __future__ import annotations
+
+from .. import contract as C
+from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
+
+
+class Body(Block):
+    name = "body"
+    stage = ENCODE
+
+    def claim(self, r: KeyRules) -> None:
+        body_idx = r.indices(C.BODY_RE)
+        first = C.BODY_LAYER.format(j=0, p="weight")
+        if not body_idx:
+            raise r.error(f"missing key '{first}' (no body layers)")
+        num_layers = max(body_idx) // 2 + 1
+        if any(j % 2 for j in body_idx):
+            raise r.error(f"unexpected body layer indices {body_idx}: expected Linear at 0, 2, 4... (Swish between)")
+        hidden, in_width = r.shape(r.matrix(first))
+        norm_sizes, obs_sizes = r.state.get("obs_sizes"), r.obs_sizes
+        if norm_sizes:
+            if sum(norm_sizes) != in_width:
+                raise r.error(f"first body layer takes {in_width} inputs but the normalizers cover {sum(norm_sizes)}")
+            if obs_sizes is not None and list(obs_sizes) != norm_sizes:
+                raise r.error(f"observation sizes {list(obs_sizes)} disagree with the normalizers' {norm_sizes}")
+            sizes = tuple(norm_sizes)
+        elif obs_sizes is not None:
+            if sum(obs_sizes) != in_width:
+                raise r.error(f"observation sizes {list(obs_sizes)} sum to {sum(obs_sizes)}, the first body layer "
+                              f"takes {in_width}")
+            sizes = tuple(int(s) for s in obs_sizes)
+        else:
+            sizes = (in_width,)
+        prev = in_width
+        for layer in range(num_layers):
+            key = C.BODY_LAYER.format(j=2 * layer, p="{p}")
+            r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), hidden, prev)
+            prev = hidden
+        r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers)
+        r.state["width"] = hidden
+
+    def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
+        n, prev = 0, spec.obs_total
+        for _ in range(spec.num_layers):
+            n += prev * spec.hidden_units + spec.hidden_units
+            prev = spec.hidden_units
+        return n
+
+    def onnx_encode(self, f: OnnxFlow) -> None:
+        g = f.g
+        for layer in range(f.spec.num_layers):
+            z = f.gemm(f.h, C.c_body(layer, "weight"), C.c_body(layer, "bias"), C.SCOPE_BODY_LAYER.format(j=2 * layer))
+            act = C.SCOPE_BODY_LAYER.format(j=2 * layer + 1)
+            s = g.node("Sigmoid", [z], act)
+            f.h = g.node("Mul", [z, s], act)
+
+    def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        from torch import nn
+
+        T = policy.tensors
+        module.body = nn.ModuleList(module.affine(T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")])
+                                    for layer in range(policy.spec.num_layers))
+        module.fast[self.name] = tuple(module.body)
+
+    def torch_encode(self, f: TorchFlow) -> None:
+        import torch
+
+        vec = f.vec
+        for lin in f.module.fast[self.name]:
+            z = lin.apply_to(f.h, vec)
+            # Swish as ML-Agents exports it (Sigmoid, Mul): the same products either way, z.mul_ only
+            # skips an allocation
+            f.h = z.mul_(torch.sigmoid(z)) if f.inplace else z * torch.sigmoid(z)
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear
+
+        T = policy.tensors
+        return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)]
+
+    def reference_encode(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import affine, swish
+
+        for lin in w:
+            r.h = swish(affine(r.h, lin, r.bounds))

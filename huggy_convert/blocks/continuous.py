@@ -1,0 +1,152 @@
+"""The continuous head: ``mu = Linear(features, A)`` and a log standard deviation.
+
+- PPO (and POCA): ``log_sigma`` is a [1, A] parameter; deterministic = ``clamp(mu, -3, 3) / 3``,
+  sampled = ``clamp(mu + eps * exp(log_sigma), -3, 3) / 3``.
+- SAC: ``log_sigma`` is a Linear, clamped to [-20, 2]; sampled = ``tanh(mu + eps * exp(log_sigma))``
+  and the deterministic output is raw ``mu``.
+
+The ONNX draws ``eps`` with RandomNormalLike (no seed); ``with_noise_input`` makes it an input."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from .. import contract as C
+import numpy as np
+
+from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+
+
+class Continuous(Block):
+    name = "continuous"
+    stage = HEAD
+
+    def active(self, spec) -> bool:
+        return bool(spec.continuous_size)
+
+    def claim(self, r: KeyRules) -> None:
+        cont = 0
+        mu_w = C.MU.format(p="weight")
+        if mu_w in r.sd:
+            shape = r.shape(r.sd[mu_w])
+            cont = shape[0] if len(shape) == 2 else -1
+            if cont <= 0:
+                raise r.error(f"wrong shape for '{mu_w}': {list(shape)}")
+            width = r.state["width"]
+            r.linear(C.MU, C.C_MU_W, C.C_MU_B, cont, width)
+            if C.LOG_SIGMA in r.sd:
+                r.take(C.LOG_SIGMA, C.C_LOG_SIGMA, (1, cont))
+            elif C.LOG_SIGMA_LINEAR.format(p="weight") in r.sd:
+                r.fields["algorithm"] = C.TRAINER_SAC
+                r.linear(C.LOG_SIGMA_LINEAR, C.C_LOG_SIGMA_W, C.C_LOG_SIGMA_B, cont, width)
+            else:
+                raise r.error(f"missing key '{C.LOG_SIGMA}'")
+        r.fields["continuous_size"] = cont
+
+    def constant_checks(self, r: KeyRules):
+        return [(C.K_CONT_SIZE, [r.fields["continuous_size"]], "mu layer")]
+
+    def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
+        a, prev = spec.continuous_size, spec.encoding_size
+        n = prev * a + a
+        if include_log_sigma:
+            n += (prev * a + a) if spec.conditional_sigma else a
+        return n
+
+    def outputs(self, spec) -> List[Port]:
+        a = spec.continuous_size
+        return [Port(C.OUT_CONT, (C.BATCH_DIM, a), kind=SAMPLED),
+                Port(C.OUT_CONT_SHAPE, (1,), kind=CONSTANT, tensor=C.c_const(C.K_CONT_SIZE), init=C.K_CONT_SIZE),
+                Port(C.OUT_CONT_DET, (C.BATCH_DIM, a), kind=DETERMINISTIC)]
+
+    def onnx_dims(self, spec) -> Dict[str, str]:
+        return {} if spec.tanh_squash else {C.OUT_CONT_DET: f"Div{C.OUT_CONT_DET}_dim_0"}
+
+    def onnx_head(self, f: OnnxFlow) -> None:
+        g, sc = f.g, C.SCOPE_CONTINUOUS
+        if f.spec.tanh_squash:  # SAC: deterministic output is raw mu
+            mu = f.gemm(f.h, C.C_MU_W, C.C_MU_B, C.SCOPE_MU, out=C.OUT_CONT_DET)
+            ls = f.gemm(f.h, C.C_LOG_SIGMA_W, C.C_LOG_SIGMA_B, C.SCOPE_LOG_SIGMA)
+            ls = g.clip(ls, C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX, sc)
+        else:
+            mu = f.gemm(f.h, C.C_MU_W, C.C_MU_B, C.SCOPE_MU)
+            zero = g.node("Mul", [mu, g.const(0.0, sc)], sc)
+            ls = g.node("Add", [zero, f.init(C.C_LOG_SIGMA)], sc)
+        f.state["mu"], f.state["std"] = mu, g.node("Exp", [ls], sc)
+
+    def onnx_output(self, f: OnnxFlow) -> None:
+        from onnx import TensorProto
+
+        g, mu = f.g, f.state["mu"]
+        noise = g.node("RandomNormalLike", [mu], "", dtype=TensorProto.FLOAT)
+        scaled = g.node("Mul", [noise, f.state["std"]], "")
+        sample = g.node("Add", [mu, scaled], "")
+        if f.spec.tanh_squash:
+            g.node("Tanh", [sample], "", out=C.OUT_CONT)
+        else:
+            c = g.clip(sample, -C.ACTION_CLIP, C.ACTION_CLIP, "")
+            g.node("Div", [c, g.const(C.ACTION_CLIP, "")], "", out=C.OUT_CONT)
+            c = g.clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP, "")
+            g.node("Div", [c, g.const(C.ACTION_CLIP, "")], "", out=C.OUT_CONT_DET)
+
+    def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        if not self.active(policy.spec):
+            return
+        T = policy.tensors
+        module.mu = module.affine(T[C.C_MU_W], T[C.C_MU_B])
+        if policy.spec.conditional_sigma:
+            module.log_sigma = module.affine(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B])
+        else:
+            module.log_sigma = module.frozen(T[C.C_LOG_SIGMA])
+        # the layers (modules, never their tensors: torch.export and .to() swap those)
+        module.fast[self.name] = (module.mu, module.log_sigma if policy.spec.conditional_sigma else None)
+
+    def torch_output(self, f: TorchFlow) -> list:
+        import torch
+
+        mod, spec = f.module, f.module.spec
+        mu_layer, sigma_layer = mod.fast[self.name]
+        mu = mu_layer.apply_to(f.h, f.vec)
+        if f.vec:
+            mu = mu[None]
+        if mu.dtype != torch.float32:
+            mu = mu.float()
+        clip = not spec.tanh_squash
+        if f.sampling is None:
+            if clip:
+                if f.inplace:
+                    mu = mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(C.ACTION_CLIP)
+                else:
+                    mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
+            return [mu]
+        if spec.conditional_sigma:
+            log_sigma = sigma_layer.apply_to(f.h, f.vec)
+            log_sigma = torch.clamp(log_sigma.to(torch.float32), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+        else:
+            log_sigma = mu * 0 + mod.log_sigma.to(torch.float32)
+        s = mu + f.sampling["noise"].to(mu.device) * torch.exp(log_sigma)
+        return [torch.tanh(s) if spec.tanh_squash else torch.clamp(s, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP]
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear, f64
+
+        T = policy.tensors
+        sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if policy.spec.conditional_sigma
+                 else f64(T[C.C_LOG_SIGMA]))
+        return Linear(T[C.C_MU_W], T[C.C_MU_B]), sigma, policy.spec
+
+    def reference_output(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import Bounded, add, affine, clip, exp, f64, mul, scale, tanh
+
+        mu_lin, sigma, spec = w
+        mu = affine(r.h, mu_lin, r.bounds)
+        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        r.values[C.OUT_CONT_DET], r.errs[C.OUT_CONT_DET] = det.v, det.err
+        if r.noise is None:
+            return
+        if spec.conditional_sigma:
+            ls = clip(affine(r.h, sigma, r.bounds), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+        else:
+            ls = Bounded.exact(np.broadcast_to(sigma, mu.v.shape))
+        s = add(mu, mul(exp(ls), Bounded.exact(f64(r.noise))))
+        out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err

@@ -1,0 +1,121 @@
+"""Memory: one LSTM cell after the body (``network_body.lstm``), one step per call. The state comes in
+as ``recurrent_in`` [batch, 1, memory_size] = (h, c) and goes out as ``recurrent_out``; the heads
+read ``h`` (memory_size / 2 features). ONNX's LSTM wants the gates as i, o, f, c (torch: i, f, g, o)."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from .. import contract as C
+from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+
+
+class Memory(Block):
+    name = "memory"
+    stage = ENCODE
+    row_as_vector = False  # the state is [batch, 1, memory_size]
+
+    def active(self, spec) -> bool:
+        return bool(spec.memory_size)
+
+    def claim(self, r: KeyRules) -> None:
+        memory_size = 0
+        if any(k.startswith(C.LSTM_PREFIX) for k in r.keys):
+            hidden = r.state["width"]
+            hs = r.shape(r.matrix(C.LSTM_KEY.format(p=C.LSTM_W_HH)))[1]
+            memory_size = 2 * hs
+            # weight_ih, weight_hh, bias_ih, bias_hh
+            shapes = ((4 * hs, hidden), (4 * hs, hs), (4 * hs,), (4 * hs,))
+            for p_, shape in zip(C.LSTM_PARAMS, shapes):
+                r.take(C.LSTM_KEY.format(p=p_), C.c_lstm(p_), shape)
+            r.state["width"] = hs
+        r.fields["memory_size"] = memory_size
+
+    def constant_checks(self, r: KeyRules):
+        return [(C.K_MEMORY_SIZE, [r.fields["memory_size"]], "LSTM")]
+
+    def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
+        hs = spec.memory_size // 2
+        return 4 * hs * (spec.hidden_units + hs) + 8 * hs
+
+    def inputs(self, spec) -> List[Port]:
+        return [Port(C.RECURRENT_IN, (C.BATCH_DIM, 1, spec.memory_size), kind=MEMORY)]
+
+    def outputs(self, spec) -> List[Port]:
+        return [Port(C.RECURRENT_OUT, (C.BATCH_DIM, 1, spec.memory_size), kind=MEMORY)]
+
+    def onnx_dims(self, spec) -> Dict[str, str]:
+        return {C.RECURRENT_OUT: f"Transpose{C.RECURRENT_OUT}_dim_0"}
+
+    def onnx_encode(self, f: OnnxFlow) -> None:
+        g, spec = f.g, f.spec
+        hs = spec.memory_size // 2
+        sc, lstm, cell = C.SCOPE_NETWORK_BODY, C.SCOPE_LSTM, C.SCOPE_LSTM_CELL
+        x = g.node("Reshape", [f.h, g.const([-1, 1, spec.hidden_units], sc, np.int64)], sc)
+        mem_t = g.node("Transpose", [C.RECURRENT_IN], lstm, perm=[1, 0, 2])
+        h0 = g.slice(mem_t, 0, hs, 2, lstm)
+        c0 = g.slice(mem_t, hs, np.iinfo(np.int64).max, 2, lstm)
+        x = g.node("Transpose", [x], cell, perm=[1, 0, 2])
+        reorder = lambda a: np.concatenate([a[0:hs], a[3 * hs:4 * hs], a[hs:2 * hs], a[2 * hs:3 * hs]])  # noqa: E731 ifgo->iofc
+        T = f.policy.tensors
+        W = g.init(C.LSTM_INIT.format(p="W"), reorder(T[C.c_lstm(C.LSTM_W_IH)])[None])
+        R = g.init(C.LSTM_INIT.format(p="R"), reorder(T[C.c_lstm(C.LSTM_W_HH)])[None])
+        B = g.init(C.LSTM_INIT.format(p="B"), np.concatenate([reorder(T[C.c_lstm(C.LSTM_B_IH)]),
+                                                              reorder(T[C.c_lstm(C.LSTM_B_HH)])])[None])
+        y, yh, yc = g.node("LSTM", [x, W, R, B, "", h0, c0], cell, n_out=3, hidden_size=hs)
+        y = g.squeeze(y, 1, cell)
+        y = g.node("Transpose", [y], cell, perm=[1, 0, 2])
+        cat = g.node("Concat", [yh, yc], lstm, axis=-1)
+        g.node("Transpose", [cat], lstm, out=C.RECURRENT_OUT, perm=[1, 0, 2])
+        f.h = g.node("Reshape", [y, g.const([-1, hs], sc, np.int64)], sc)
+
+    def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        if not self.active(policy.spec):
+            return
+        for p in C.LSTM_PARAMS:  # lstm_weight_ih, ... (the .pt2's parameter names)
+            setattr(module, f"lstm_{p}", module.frozen(policy.tensors[C.c_lstm(p)]))
+
+    def torch_encode(self, f: TorchFlow) -> None:
+        import torch
+
+        mod = f.module
+        hs = mod.spec.memory_size // 2
+        m = f.feed[C.RECURRENT_IN].to(mod.compute_dtype)[:, 0, :]
+        h0, c0 = m[:, :hs], m[:, hs:]
+        gates = (f.h @ mod.lstm_weight_ih.t() + mod.lstm_bias_ih) + (h0 @ mod.lstm_weight_hh.t() + mod.lstm_bias_hh)
+        i_g, f_g, g_g, o_g = gates.chunk(4, dim=1)
+        c1 = torch.sigmoid(f_g) * c0 + torch.sigmoid(i_g) * torch.tanh(g_g)
+        h1 = torch.sigmoid(o_g) * torch.tanh(c1)
+        f.state[C.RECURRENT_OUT] = torch.cat([h1, c1], dim=1).unsqueeze(1).to(torch.float32)
+        f.h = h1
+
+    def torch_output(self, f: TorchFlow) -> list:
+        return [] if f.sampling is not None else [f.state[C.RECURRENT_OUT]]
+
+    def reference_init(self, policy):
+        from ..verify.bounds import Linear
+
+        T = policy.tensors
+        return (Linear(T[C.c_lstm(C.LSTM_W_IH)], T[C.c_lstm(C.LSTM_B_IH)]),
+                Linear(T[C.c_lstm(C.LSTM_W_HH)], T[C.c_lstm(C.LSTM_B_HH)]), policy.spec.memory_size // 2)
+
+    def reference_encode(self, r: ReferenceFlow, w) -> None:
+        from ..verify.bounds import Bounded, add, affine, concat, f64, mul, sigmoid, tanh
+
+        ih, hh, hs = w
+        m = f64(r.feed[C.RECURRENT_IN])[:, 0, :]
+        h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
+        g = add(affine(r.h, ih, r.bounds), affine(h0, hh, r.bounds))
+        i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: i, f, g, o
+        c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
+        h1 = mul(sigmoid(o_g), tanh(c1))
+        r.h = h1
+        r.state[C.RECURRENT_OUT] = concat([h1, c1])
+
+    def reference_output(self, r: ReferenceFlow, w) -> None:
+        mem = r.state[C.RECURRENT_OUT]
+        r.values[C.RECURRENT_OUT], r.errs[C.RECURRENT_OUT] = mem.v[:, None, :], mem.err[:, None, :]
+
+    def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
+        return {C.RECURRENT_IN: rng.standard_normal((rows, 1, policy.spec.memory_size)).astype(np.float32)}

@@ -1,0 +1,182 @@
+"""Vector observations and their normalizers: ``clamp((x - mean) / sqrt(variance / steps), -5, 5)``
+per observation, then one Concat. ``running_variance`` is a running sum of squares; the divisor is
+the policy's own float32 tensor (IEEE, or adopted from the official ONNX: ``converter.reference``),
+and the statistics stay float32 in every dtype (fp16 overflows them)."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from .. import contract as C
+from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+
+
+def mean_std(policy, i: int):
+    """Observation ``i``'s normalizer mean and standard deviation, in float64."""
+    T = policy.tensors
+    mean = T[C.c_norm(i, C.NORM_MEAN)].astype(np.float64)
+    steps = float(T[C.c_norm(i, C.NORM_STEPS)].reshape(-1)[0])
+    return mean, np.sqrt(T[C.c_norm(i, C.NORM_VAR)].astype(np.float64) / steps)
+
+
+class Normalizer(Block):
+    name = "normalizer"
+    stage = OBSERVE
+
+    def claim(self, r: KeyRules) -> None:
+        import torch
+
+        sd = r.sd
+        norm_idx = r.indices(C.NORM_RE)
+        for m in r.matching(C.NORM_RE):
+            if m.group(2) not in C.NORM_FIELDS:
+                raise r.error(f"unexpected key '{m.group(0)}'")
+        r.contiguous(norm_idx, "normalizer")
+        sizes = []
+        for i in norm_idx:
+            pre = C.NORM_PREFIX.format(i=i)
+            for f in C.NORM_FIELDS:
+                r.require(pre + f)
+            mean_t = sd[pre + C.NORM_MEAN]
+            if len(r.shape(mean_t)) != 1:
+                raise r.error(f"wrong shape for '{pre + C.NORM_MEAN}': {list(r.shape(mean_t))}, expected [n]")
+            n = r.shape(mean_t)[0]
+            sizes.append(n)
+            r.take(pre + C.NORM_MEAN, C.c_norm(i, C.NORM_MEAN), (n,))
+            var = r.take(pre + C.NORM_VAR, C.c_norm(i, C.NORM_VAR), (n,))
+            if np.any(var <= 0):
+                j = int(np.argmax(var <= 0))
+                raise r.error(f"'{pre + C.NORM_VAR}' must be > 0 (a running sum of squares), index {j} is {var[j]!r}")
+            steps_t = sd[pre + C.NORM_STEPS]
+            if steps_t.numel() != 1:
+                raise r.error(f"wrong shape for '{pre + C.NORM_STEPS}': {list(r.shape(steps_t))}, expected a scalar")
+            steps_exact = steps_t.reshape(-1)[0].item()
+            r.take(pre + C.NORM_STEPS, C.c_norm(i, C.NORM_STEPS), r.shape(steps_t))
+            if not steps_exact > 0:
+                raise r.error(f"'{pre + C.NORM_STEPS}' is {steps_exact}: must be > 0 (it divides the variance)")
+            if isinstance(steps_exact, int) and steps_exact >= C.FLOAT32_EXACT_INT_LIMIT:
+                # float32 is what torch divides by anyway (int64 / float32 promotes to float32);
+                # the exact count is kept in the metadata.
+                r.exact_steps[C.c_norm(i, C.NORM_STEPS)] = int(steps_exact)
+            # the alias (same module under a second name) must be the same tensors, bit for bit
+            alias = C.NORM_ALIAS_PREFIX.format(i=i)
+            for f in C.NORM_FIELDS:
+                if alias + f in sd:
+                    a, b = sd[alias + f], sd[pre + f]
+                    if a.dtype != b.dtype or r.shape(a) != r.shape(b) or not torch.equal(a, b):
+                        raise r.error(f"'{alias + f}' differs from its twin '{pre + f}' (they are one module)")
+                    r.ignore(alias + f, f"alias of {pre + f} (bitwise equal)")
+        for m in r.matching(C.NORM_ALIAS_RE):
+            if m.group(0) in r.remaining:
+                raise r.error(f"unexpected key '{m.group(0)}' (alias without its twin)")
+        r.fields["normalize"] = bool(sizes)
+        r.state["obs_sizes"] = sizes  # the body decides the split when there are none (normalize: false)
+
+    def inputs(self, spec) -> List[Port]:
+        return [Port(C.OBS_INPUT.format(i=i), (C.BATCH_DIM, n), kind=OBSERVATION) for i, n in enumerate(spec.obs_sizes)]
+
+    def onnx_observe(self, f: OnnxFlow) -> None:
+        g, spec = f.g, f.spec
+        for i in range(len(spec.obs_sizes)):
+            x = C.OBS_INPUT.format(i=i)
+            if spec.normalize:
+                scope = C.SCOPE_NORMALIZER.format(i=i)
+                mean = f.init(C.c_norm(i, C.NORM_MEAN))
+                div = g.init(C.NORM_DIVISOR_INIT.format(i=i), f.policy.divisor(i))
+                x = g.node("Sub", [x, mean], scope)
+                x = g.node("Div", [x, div], scope)
+                x = g.clip(x, -C.NORM_CLIP, C.NORM_CLIP, scope)
+            f.encoded[i] = x
+
+    def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        spec = policy.spec
+        keys = []
+        if spec.normalize:
+            for i in range(len(spec.obs_sizes)):
+                # the mean and the policy's divisor: the same float32 numbers as the ONNX written beside
+                # it, never torch's CPU sqrt (host-dependent)
+                mean_key, div_key = f"norm{i}_mean", f"norm{i}_div"
+                module.pin(mean_key, policy.tensors[C.c_norm(i, C.NORM_MEAN)])
+                module.pin(div_key, policy.divisor(i))
+                keys.append((mean_key, div_key))
+        module.fast[self.name] = (tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))), tuple(keys))
+
+    def torch_observe(self, f: TorchFlow) -> None:
+        import torch
+
+        mod = f.module
+        ndt, cdt = mod.normalizer_dtype, mod.compute_dtype
+        names, norm_keys = mod.fast[self.name]
+        encoded = f.encoded
+        for i, name in enumerate(names):
+            x = f.feed[name]
+            if norm_keys:
+                mean_key, div_key = norm_keys[i]
+                if x.dtype != ndt:
+                    x = x.to(ndt)
+                x = x - mod.pinned(mean_key)
+                if f.inplace:
+                    x = x.div_(mod.pinned(div_key)).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
+                else:
+                    x = torch.clamp(x / mod.pinned(div_key), -C.NORM_CLIP, C.NORM_CLIP)
+            if x.dtype != cdt:
+                x = x.to(cdt)
+            encoded[i] = x
+
+    def reference_init(self, policy):
+        spec = policy.spec
+        if not spec.normalize:
+            return len(spec.obs_sizes), None
+        from ..verify.bounds import f64
+
+        return len(spec.obs_sizes), [(f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
+                                     for i in range(len(spec.obs_sizes))]
+
+    def reference_observe(self, r: ReferenceFlow, w) -> None:
+        """The subtraction and division add ``2 u |q|``; inputs are float32 and exact."""
+        from ..numerics import U32
+        from ..verify.bounds import Bounded, clip, f64
+
+        n_obs, norm = w
+        for i in range(n_obs):
+            x = f64(r.feed[C.OBS_INPUT.format(i=i)])
+            if norm is not None:
+                mean, div = norm[i]
+                q = (x - mean) / div
+                b = clip(Bounded(q, 2 * U32 * np.abs(q) * (1 + U32) if r.bounds else np.zeros_like(q)),
+                         -C.NORM_CLIP, C.NORM_CLIP)
+            else:
+                b = Bounded.exact(x)
+            r.encoded[i] = b
+
+    def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
+        """Half the rows at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter far outside the
+        +-5 clip (mean +- 20..1e3 std, and +-1e4); the rest N(0, 3) and zeros. Without a normalizer
+        (std taken as 3) the outliers stay at 2..10 std and +-100: unnormalized inputs of 1e4 make
+        float32 sums whose rounding differs between runtimes by more than any useful bound."""
+        spec = policy.spec
+        feed: Dict[str, np.ndarray] = {}
+        q = max(rows // 4, 1)
+        for i, n in enumerate(spec.obs_sizes):
+            if spec.normalize:
+                mean, std = mean_std(policy, i)
+            else:
+                mean, std = np.zeros(n), np.full(n, 3.0)
+            x = np.empty((rows, n), dtype=np.float64)
+            half = rows // 2
+            x[:half] = mean + rng.standard_normal((half, n)) * std
+            if spec.normalize:  # far outside the normalizer's +-5 clip
+                far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(20, 1e3, size=(q, n))
+                hard = 1e4
+            else:  # no clip to reach: large but plausible magnitudes that still saturate the +-3 action clip
+                far = rng.choice([-1.0, 1.0], size=(q, n)) * rng.uniform(2, 10, size=(q, n))
+                hard = 100.0
+            x[half:half + q] = mean + far * std
+            x[half + q - 1] = np.where(rng.random(n) < 0.5, -hard, hard)  # hard outliers
+            rest = rows - half - q
+            if rest > 0:
+                x[half + q:] = rng.standard_normal((rest, n)) * 3.0
+                x[-1] = 0.0
+            feed[C.OBS_INPUT.format(i=i)] = x.astype(np.float32)
+        return feed
