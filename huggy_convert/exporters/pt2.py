@@ -14,8 +14,8 @@ by hand, and the files are verified only through ``torch.export.load`` and by co
 with what this writer gives for the policy read back from the ``.safetensors``.
 ``benchmarks/batch.py --pt2`` measures the two ways side by side.
 
-The archive holds no source location: ``torch.export`` records each node's stack trace (our
-install path and line numbers), which is dropped, so the bytes are the same from any install.
+The archive holds no source location (``exporters.torch_module.export_program`` drops the nodes'
+stack traces: our install path and line numbers), so the bytes are the same from any install.
 
 ``torch.export`` (trace, save, load) is not thread-safe: tracing swaps global state, so it runs
 alone (``EXPORT_GATE.exclusive()``) while a batch's workers hold ``EXPORT_GATE.shared()``.
@@ -115,9 +115,7 @@ class ProgramWriter:
         with EXPORT_GATE.exclusive():
             if spec in self._programs:
                 return None
-            ep = export_program(module)
-            for node in ep.graph.nodes:  # the tracing's source file paths and lines: not part of
-                node.meta.pop("stack_trace", None)  # the program, and they differ per install
+            ep = export_program(module)  # without the nodes' stack traces: the same bytes from any install
             real = _save(ep)
             if self.fast:  # serialize the graph once; kept only if it gives torch.export.save's bytes
                 try:
