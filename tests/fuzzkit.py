@@ -71,6 +71,18 @@ def check_line(stderr: str, stdout: str = "", where: str = "") -> str:
     return line
 
 
+def _kept(where: str, rc: int, code: int, stderr: str, stdout: str, expect: str, watch, before,
+          marker: Optional[Path]) -> str:
+    assert rc == code, f"{where}: exit {rc}\n{stderr[-2000:]}"
+    line = check_line(stderr, stdout, where)
+    assert expect in line, f"{where}: {expect!r} not in {line!r}"
+    assert snapshot(watch) == before, f"{where}: files changed"
+    assert temporaries(watch) == [], f"{where}: temporaries left: {temporaries(watch)}"
+    if marker is not None:
+        assert not Path(marker).exists(), f"{where}: code from a file ran"
+    return line
+
+
 def promise(args: Sequence, watch: Iterable[Path] = (), marker: Optional[Path] = None, expect: str = "",
             code: int = 2, env: Optional[dict] = None) -> str:
     """Run ``huggy-convert ARGS`` in-process; assert the promise; return the error line."""
@@ -82,14 +94,7 @@ def promise(args: Sequence, watch: Iterable[Path] = (), marker: Optional[Path] =
     where = " ".join(map(str, args))[:200]
     assert r.exception is None or isinstance(r.exception, SystemExit), \
         f"{where}: raised {type(r.exception).__name__}: {r.exception}"
-    assert r.exit_code == code, f"{where}: exit {r.exit_code}\n{r.stderr[-2000:]}"
-    line = check_line(r.stderr, r.stdout, where)
-    assert expect in line, f"{where}: {expect!r} not in {line!r}"
-    assert snapshot(watch) == before, f"{where}: files changed"
-    assert temporaries(watch) == [], f"{where}: temporaries left: {temporaries(watch)}"
-    if marker is not None:
-        assert not Path(marker).exists(), f"{where}: code from a file ran"
-    return line
+    return _kept(where, r.exit_code, code, r.stderr, r.stdout, expect, watch, before, marker)
 
 
 def promise_subprocess(args: Sequence, watch: Iterable[Path] = (), marker: Optional[Path] = None, expect: str = "",
@@ -101,11 +106,4 @@ def promise_subprocess(args: Sequence, watch: Iterable[Path] = (), marker: Optio
     r = subprocess.run([sys.executable, "-m", "huggy_convert.cli", *map(str, args)], capture_output=True, text=True,
                        timeout=timeout, env=e)
     where = " ".join(map(str, args))[:200]
-    assert r.returncode == code, f"{where}: exit {r.returncode}\n{r.stderr[-2000:]}"
-    line = check_line(r.stderr, r.stdout, where)
-    assert expect in line, f"{where}: {expect!r} not in {line!r}"
-    assert snapshot(watch) == before, f"{where}: files changed"
-    assert temporaries(watch) == [], f"{where}: temporaries left"
-    if marker is not None:
-        assert not Path(marker).exists(), f"{where}: code from a file ran"
-    return line
+    return _kept(where, r.returncode, code, r.stderr, r.stdout, expect, watch, before, marker)
