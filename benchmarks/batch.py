@@ -22,14 +22,15 @@ parallel); what the batch does beyond that (verification, .pt2, writing) comes o
 
     python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
     python benchmarks/batch.py --baseline DIR [--rounds 3]   # this tree vs another checkout, interleaved
-    python benchmarks/batch.py --pt2 [--count 201]           # the .pt2 writer's two ways side by side
+    python benchmarks/batch.py --pt2 [--count 201] [--baseline DIR]  # the .pt2 writer's ways side by side
 
 ``--baseline DIR`` runs the same batch with another checkout of huggy-convert (``git worktree add
 DIR <commit>``; its package is imported through ``PYTHONPATH``) and this one in alternating rounds,
 and prints each round's wall time, peak RSS and the ratio. ``--pt2`` times, in one process, writing
 ``--count`` programs of the newest fixture policy with torch.export.save (weights swapped into the
-traced program) and with ``ProgramWriter(fast=True)`` (graph serialized once), and checks that
-both give the same bytes.
+traced program) and with ``ProgramWriter(fast=True)`` (graph serialized once), checks that both
+give the same bytes, and with ``--baseline`` times that checkout's hand-written archive patcher
+(removed in issue 11) in a child process.
 """
 from __future__ import annotations
 
@@ -192,8 +193,36 @@ def floor_child(run: Path, jobs: int) -> None:
                       "first_export": t_export, "onnx_each": t_onnx, "session_each": t_session, "jobs": jobs}))
 
 
-def pt2_ways(count: int) -> None:
-    """torch.export.save with swapped weights vs the writer with the graph serialized once."""
+def patch_child(count: int) -> None:
+    """(fresh interpreter, PYTHONPATH = a checkout that still has the hand-written archive patcher)
+    print JSON: seconds for ``count`` programs through ``batch.Programs`` (weight records patched in
+    a traced archive), or null when that checkout has no patcher."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        from huggy_convert.batch import Programs
+    except ImportError:
+        print(json.dumps({"patch_s": None}))
+        return
+    from huggy_convert.converter import convert_checkpoint
+
+    policy = convert_checkpoint(_step_files(HUGGY_RUN)[-1]).policy
+    progs = Programs()
+    progs.program(policy)
+    progs.program(policy)  # trace, then the check against torch.export.save
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(count):
+            progs.program(policy)
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"patch_s": times}))
+
+
+def pt2_ways(count: int, baseline: Path = None) -> None:
+    """torch.export.save with swapped weights vs the writer with the graph serialized once (and, with
+    ``baseline``, that checkout's hand-written archive patcher, timed in a child)."""
     import torch
 
     from huggy_convert.converter import convert_checkpoint
@@ -215,7 +244,18 @@ def pt2_ways(count: int) -> None:
     for name, ts in times.items():
         print(f"pt2 {name}: {min(ts):.2f}-{max(ts):.2f} s for {count} ({1000 * min(ts) / count:.1f} ms each)")
     a, b = (min(ts) for ts in times.values())
-    print(f"pt2 SUMMARY save/fast={a / b:.1f}x identical_bytes={same} notes={ways[name].notes}")
+    patch = None
+    if baseline is not None:
+        child = subprocess.run([sys.executable, __file__, "--patch-child", str(count)], capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(baseline)), check=True)
+        patch = json.loads(child.stdout.strip().splitlines()[-1])["patch_s"]
+        if patch:
+            print(f"pt2 the baseline's archive patcher ({baseline}): {min(patch):.2f}-{max(patch):.2f} s for {count} "
+                  f"({1000 * min(patch) / count:.1f} ms each)")
+        else:
+            print(f"pt2 the baseline ({baseline}) has no archive patcher")
+    extra = f" save/patch={a / min(patch):.1f}x fast/patch={b / min(patch):.2f}x" if patch else ""
+    print(f"pt2 SUMMARY save/fast={a / b:.1f}x{extra} identical_bytes={same} notes={ways[name].notes}")
 
 
 def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) -> None:
@@ -248,12 +288,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --baseline")
     ap.add_argument("--pt2", action="store_true", help="time the .pt2 writer's two ways")
     ap.add_argument("--floor-child", nargs=2, metavar=("RUN", "JOBS"), help=argparse.SUPPRESS)
+    ap.add_argument("--patch-child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.patch_child:
+        patch_child(a.patch_child)
+        return 0
     if a.floor_child:
         floor_child(Path(a.floor_child[0]), int(a.floor_child[1]))
         return 0
     if a.pt2:
-        pt2_ways(a.count)
+        pt2_ways(a.count, a.baseline.resolve() if a.baseline else None)
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="huggy-batch-bench-")) if a.keep is None else a.keep
     tmp.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,7 @@ class Context:
         self.feeds = {"probes": make_probes(policy, o.rows, o.seed)}
         self.noises = {"probes": noise} if noise is not None else {}
         self.ref_name = None
+        self.official: Optional[onnx.ModelProto] = None
         self.run_ref = self.run_ref_noise = self.fallback = None
         self.policies = {"ours": policy, "official": policy}
         self._prepared: Dict[str, Float64Policy] = {}
@@ -173,6 +174,7 @@ class Context:
         """Check 2 against ``official``, and its sessions as the reference of check 3 (``bitwise``: no
         derived-bound fallback for divisors 1 ulp apart)."""
         policy, spec, out = self.policy, self.policy.spec, []
+        self.official = official
         self.ref_name = f"official {official_path.name if official_path else 'ONNX'}"
         out.append(K.check_onnx_structure(self.rebuilt, official, subject, self.ref_name, policy=policy))
         theirs = _with_divisors(policy, official_divisors(official)) if spec.normalize else policy
@@ -307,6 +309,132 @@ def check_files(artifacts: ArtifactSet, policy: Policy, rebuilt: onnx.ModelProto
     return c
 
 
+def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str], extra_modules: Sequence = ()):
+    """Check 4: every float32 runtime (onnxruntime on the rebuilt and official files, the torch module on
+    every device and dtype, the ``.pt2`` through ``torch.export.load``) against the float64 reference
+    of the canonical tensors; returns (the check, the cpu float32 module's runner for check 5)."""
+    import torch
+
+    from ..exporters.torch_module import build_module
+
+    policy, o, spec = ctx.policy, ctx.o, ctx.policy.spec
+    feed_name = next(iter(ctx.feeds))
+    feed, noise = ctx.feeds[feed_name], ctx.noises.get(feed_name)
+    ref64 = ctx.reference("ours", feed_name)
+    ref_n = ctx.reference("ours", feed_name, True) if noise is not None else None
+    noised_feed = dict(feed, **{C.NOISE_INPUT: noise}) if noise is not None else None
+    zero_feed = {k: np.zeros_like(v) for k, v in feed.items()}
+    c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
+
+    def ort_check(title, run, run_noise, role):
+        noised = None
+        if run_noise is not None and noised_feed is not None:
+            noised = (lambda: run_noise(noised_feed)[C.OUT_CONT], ctx.reference(role, feed_name, True))
+        return K.check_runtime(title, run, ctx.reference(role, feed_name), feed, "float32", o.atol, o.cosine, {},
+                               None, o.rtol, noised)
+
+    def module_check(title, mod, dt, noised=None):
+        runner = module_runner(mod)
+        norm = mod.pinned_dtypes() if hasattr(mod, "pinned_dtypes") else {}
+        c4.add(K.check_runtime(title, runner, ref64, feed, dt, o.atol, o.cosine, norm, lambda: runner(zero_feed),
+                               o.rtol, noised))
+        return runner
+
+    c4.add(ort_check("onnxruntime: rebuilt ONNX (cpu float32)", ctx.run_ours,
+                     ctx.run_ours_noise if ctx.ours_noise else None, "ours"))
+    if ctx.official is not None and ctx.run_ref is not None:
+        c4.add(ort_check(f"onnxruntime: {ctx.ref_name} (cpu float32)", lambda f: ctx.run_ref(feed_name, f),
+                         (lambda f: ctx.run_ref_noise(feed_name, f)) if ctx.run_ref_noise else None, "official"))
+    cpu32 = None
+    for dev in devices:
+        for dt in o.dtypes:
+            try:
+                mod = build_module(policy, device=dev, dtype=dt)
+            except Exception as exc:
+                c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
+                continue
+            nz = None
+            if ref_n is not None:
+                def run_noise(mod=mod, dev=dev):
+                    with torch.no_grad():
+                        xs = [torch.from_numpy(feed[n]).to(dev) for n in mod.input_names]
+                        return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noise))[0].float().cpu().numpy()
+                nz = (run_noise, ref_n)
+            runner = module_check(f"torch module {dev} {dt}", mod, dt, nz)
+            if dev == "cpu" and dt == "float32":
+                cpu32 = runner
+    for title, mod in extra_modules:
+        module_check(title, mod, str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters())
+                     else "float32")
+    pt2_path = artifacts.path(PT2)
+    if o.program_load and pt2_path.is_file():
+        try:
+            with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
+                prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
+            dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
+            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref64, feed, dt, o.atol,
+                                   o.cosine, pbuf, lambda: prun(zero_feed), o.rtol))
+        except HuggyError as exc:  # refused before torch.export.load (see exporters.pt2.unsafe_reason)
+            c4.add(Check(f"saved program {pt2_path.name}", FAIL, exc.message))
+        except Exception as exc:
+            c4.add(Check(f"saved program {pt2_path.name}", FAIL,
+                         f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
+    nfail = sum(1 for ch in c4.children if ch.status == FAIL)
+    ratios = [ch.figures.get("max_bound_ratio") for ch in c4.children if ch.figures.get("max_bound_ratio") is not None]
+    c4.summary = (f"{len(c4.children) - nfail}/{len(c4.children)} runs within bounds"
+                  + (f"; float32 worst error/bound {max(ratios):.3g}" if ratios else "")
+                  + f" ({feed_name}, {int(next(iter(feed.values())).shape[0])} rows)")
+    c4.figures = {"feed": feed_name, "max_bound_ratio": max(ratios) if ratios else None}
+    return c4, cpu32
+
+
+def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Check:
+    """Check 5: the float64 reference's fingerprint (the same on every host) and this host's runtimes,
+    stable between two runs."""
+    from ..exporters.torch_module import build_module
+
+    policy, o = ctx.policy, ctx.o
+    c5 = Check("5 determinism fingerprints", id="fingerprints")
+    cpu32 = cpu32 or module_runner(build_module(policy, "cpu", "float32"))
+    fps = {}
+    for steps in o.fingerprint_steps:
+        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared("ours"))
+        a, b = (K.fingerprint(cpu32, policy, steps, o.seed) for _ in range(2))
+        ra, rb = (K.fingerprint(ctx.run_ours, policy, steps, o.seed) for _ in range(2))
+        fps[steps] = {"reference": f, "torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
+        c5.add(Check(f"{steps} steps", PASS if a == b and ra == rb else FAIL,
+                     f"reference {f[:16]}… (float64, any host); this host: torch cpu {a[:12]}… "
+                     f"({'stable' if a == b else 'CHANGED between runs'}), onnxruntime {ra[:12]}… "
+                     f"({'stable' if ra == rb else 'CHANGED between runs'})"))
+        for dev in devices:
+            if dev == "cpu":
+                continue
+            d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed)
+            fps[steps][f"torch_{dev}_float32"] = d
+            c5.add(Check(f"{steps} steps on {dev}", PASS if d == a else WARN,
+                         f"{d[:16]}… " + ("equal to cpu" if d == a else "differs from cpu (device arithmetic differs; "
+                                                                           "not a failure)")))
+    c5.figures = {"fingerprints": fps}
+    c5.summary = ", ".join(f"{s}: {v['reference'][:12]}" for s, v in fps.items())
+    return c5
+
+
+def golden_of(ctx: Context) -> bytes:
+    """The golden file: the probes with the official's outputs where the rebuilt ONNX must reproduce
+    them bitwise, the rebuilt's own where it divides by other divisors (--divisor ieee) or there is no
+    official file."""
+    feed_name = next(iter(ctx.feeds))
+    feed, noise = ctx.feeds[feed_name], ctx.noises.get(feed_name)
+    official = ctx.official is not None and ctx.run_ref is not None and not ctx.divisors_differ
+    outputs = ctx.run_ref(feed_name, feed) if official else ctx.run_ours(feed)
+    noised = None
+    if noise is not None:
+        noised_feed = dict(feed, **{C.NOISE_INPUT: noise})
+        rn = ctx.run_ref_noise if official and ctx.run_ref_noise is not None else (lambda n, f: ctx.run_ours_noise(f))
+        noised = rn(feed_name, noised_feed)[C.OUT_CONT]
+    return golden_bytes(feed, outputs, noise, noised)
+
+
 def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, options: Optional[VerifyOptions] = None, *,
            subject: Optional[str] = None, written: Optional[Dict[str, str]] = None, writer=None,
            golden: bool = False, extra_modules: Sequence = ()) -> Report:
@@ -321,171 +449,51 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     regenerated from the ``.safetensors`` and compared byte for byte. ``golden``: put the golden
     file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
     built ones."""
-    import torch
-
     from ..converter import load_policy
-    from ..exporters.torch_module import build_module
 
     ref = reference or Reference()
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
-    here = rep.environment["host"]
-    checkpoint, official, official_path = ref.checkpoint, ref.official, ref.official_path
-
     try:
         policy = load_policy(artifacts.path(SAFETENSORS))
     except HuggyError as exc:
         rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"does not load: {exc.one_line()}",
                                 id="safetensors"))
         return rep
+    rep.checks.append(K.check_safetensors(policy, ref.checkpoint, artifacts.name(SAFETENSORS)))  # 1
     try:
         onnx_data = artifacts.read(ONNX)
         rebuilt = onnx.load_model_from_string(onnx_data)
     except Exception as exc:
-        rep.checks.append(K.check_safetensors(policy, checkpoint, artifacts.name(SAFETENSORS)))
         rep.checks.append(Check("2 rebuilt ONNX vs official", FAIL, f"{artifacts.name(ONNX)} does not load: "
                                 f"{type(exc).__name__}", id="official"))
         return rep
-    spec = policy.spec
     decision = divisor_record(policy)
-    if spec.normalize and decision:
+    if policy.spec.normalize and decision:
         rep.notes.append(f"divisor: {describe_divisor(decision)}")
 
-    # 1
-    rep.checks.append(K.check_safetensors(policy, checkpoint, artifacts.name(SAFETENSORS)))
-
-    # 2 and the reference of 3
-    ctx = Context(policy, rebuilt, o, onnx_data)
+    ctx = Context(policy, rebuilt, o, onnx_data)  # 2 and the reference of 3
     golden_in = load_golden(ref.golden_path) if ref.golden_path and Path(ref.golden_path).is_file() else None
-    if official is not None:
-        rep.checks.extend(ctx.use_official(official, official_path, rep.subject))
-    elif golden_in is not None:
-        ctx.use_golden(golden_in, ref.golden_path, here, rep.notes)
-        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
+    if ref.official is not None:
+        rep.checks.extend(ctx.use_official(ref.official, ref.official_path, rep.subject))
     else:
-        rep.notes.append("no official ONNX found: verified what can be verified without one")
+        if golden_in is not None:
+            ctx.use_golden(golden_in, ref.golden_path, rep.environment["host"], rep.notes)
+        else:
+            rep.notes.append("no official ONNX found: verified what can be verified without one")
         rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
-
-    # 3
-    if rep.check("outputs") is None:
+    if rep.check("outputs") is None:  # 3
         rep.checks.append(ctx.check_outputs())
-    run_ref, run_ref_noise = ctx.run_ref, ctx.run_ref_noise
-
-    # 4: every runtime against the float64 reference of the canonical tensors
-    main_feed_name = next(iter(ctx.feeds))
-    main_feed = ctx.feeds[main_feed_name]
-    main_noise = ctx.noises.get(main_feed_name)
-    ref64 = ctx.reference("ours", main_feed_name)
-    ref_n = ctx.reference("ours", main_feed_name, True) if main_noise is not None else None
-    noised_feed = dict(main_feed, **{C.NOISE_INPUT: main_noise}) if main_noise is not None else None
-    zero_feed = {k: np.zeros_like(v) for k, v in main_feed.items()}
-    c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
-
-    def ort_check(title, run, run_noise, role):
-        noised = None
-        if run_noise is not None and noised_feed is not None:
-            noised = (lambda: run_noise(noised_feed)[C.OUT_CONT], ctx.reference(role, main_feed_name, True))
-        return K.check_runtime(title, run, ctx.reference(role, main_feed_name), main_feed, "float32", o.atol,
-                               o.cosine, {}, None, o.rtol, noised)
-
-    c4.add(ort_check("onnxruntime: rebuilt ONNX (cpu float32)", ctx.run_ours,
-                     ctx.run_ours_noise if ctx.ours_noise else None, "ours"))
-    if official is not None and run_ref is not None:
-        c4.add(ort_check(f"onnxruntime: {ctx.ref_name} (cpu float32)", lambda f: run_ref(main_feed_name, f),
-                         (lambda f: run_ref_noise(main_feed_name, f)) if run_ref_noise else None, "official"))
-    cpu32 = None  # the cpu float32 module, reused by the fingerprints
-    for dev in devices:
-        for dt in o.dtypes:
-            try:
-                mod = build_module(policy, device=dev, dtype=dt)
-            except Exception as exc:
-                c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
-                continue
-            norm = mod.pinned_dtypes()
-            runner = module_runner(mod)
-            if dev == "cpu" and dt == "float32":
-                cpu32 = runner
-            nz = None
-            if ref_n is not None:
-                def run_noise(mod=mod, dev=dev):
-                    with torch.no_grad():
-                        xs = [torch.from_numpy(main_feed[n]).to(dev) for n in mod.input_names]
-                        return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(main_noise))[0].float().cpu().numpy()
-                nz = (run_noise, ref_n)
-            c4.add(K.check_runtime(f"torch module {dev} {dt}", runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
-                                   lambda r=runner: r(zero_feed), o.rtol, nz))
-    for title, mod in extra_modules:
-        norm = mod.pinned_dtypes() if hasattr(mod, "pinned_dtypes") else {}
-        dt = str(next(mod.parameters()).dtype).replace("torch.", "") if list(mod.parameters()) else "float32"
-        runner = module_runner(mod)
-        c4.add(K.check_runtime(title, runner, ref64, main_feed, dt, o.atol, o.cosine, norm,
-                               lambda r=runner: r(zero_feed), o.rtol))
-    pt2_path = artifacts.path(PT2)
-    if o.program_load and pt2_path.is_file():
-        try:
-            with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
-                prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
-            dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
-            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref64, main_feed, dt, o.atol,
-                                   o.cosine, pbuf, lambda r=prun: r(zero_feed), o.rtol))
-        except HuggyError as exc:  # refused before torch.export.load (see exporters.pt2.unsafe_reason)
-            c4.add(Check(f"saved program {pt2_path.name}", FAIL, exc.message))
-        except Exception as exc:
-            c4.add(Check(f"saved program {pt2_path.name}", FAIL,
-                         f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
-    nfail = sum(1 for ch in c4.children if ch.status == FAIL)
-    ratios = [ch.figures.get("max_bound_ratio") for ch in c4.children if ch.figures.get("max_bound_ratio") is not None]
-    c4.summary = (f"{len(c4.children) - nfail}/{len(c4.children)} runs within bounds"
-                  + (f"; float32 worst error/bound {max(ratios):.3g}" if ratios else "")
-                  + f" ({main_feed_name}, {int(next(iter(main_feed.values())).shape[0])} rows)")
-    c4.figures = {"feed": main_feed_name, "max_bound_ratio": max(ratios) if ratios else None}
+    c4, cpu32 = check_runtimes(ctx, artifacts, devices, extra_modules)  # 4
     rep.checks.append(c4)
-
-    # 5: the reference's fingerprint (the same on every host) + this host's runtimes, stable between runs
-    c5 = Check("5 determinism fingerprints", id="fingerprints")
-    if cpu32 is None:
-        cpu32 = module_runner(build_module(policy, "cpu", "float32"))
-    fps = {}
-    for steps in o.fingerprint_steps:
-        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared("ours"))
-        a = K.fingerprint(cpu32, policy, steps, o.seed)
-        b = K.fingerprint(cpu32, policy, steps, o.seed)
-        ra = K.fingerprint(ctx.run_ours, policy, steps, o.seed)
-        rb = K.fingerprint(ctx.run_ours, policy, steps, o.seed)
-        fps[steps] = {"reference": f, "torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
-        ok = a == b and ra == rb
-        c5.add(Check(f"{steps} steps", PASS if ok else FAIL,
-                     f"reference {f[:16]}… (float64, any host); this host: torch cpu {a[:12]}… "
-                     f"({'stable' if a == b else 'CHANGED between runs'}), onnxruntime {ra[:12]}… "
-                     f"({'stable' if ra == rb else 'CHANGED between runs'})"))
-        for dev in devices:
-            if dev == "cpu":
-                continue
-            d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed)
-            fps[steps][f"torch_{dev}_float32"] = d
-            c5.add(Check(f"{steps} steps on {dev}", PASS if d == a else WARN,
-                         f"{d[:16]}… " + ("equal to cpu" if d == a else "differs from cpu (device arithmetic differs; "
-                                                                           "not a failure)")))
-    c5.figures = {"fingerprints": fps}
-    c5.summary = ", ".join(f"{s}: {v['reference'][:12]}" for s, v in fps.items())
-    rep.checks.append(c5)
-
+    rep.checks.append(check_fingerprints(ctx, devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
     again = (ONNX, PT2) if written is None else () if o.program_load else (PT2,)
     rep.checks.append(check_files(artifacts, policy, rebuilt, written if written is not None
                                   else _recorded_written(artifacts), again, writer))
-
     if golden:
-        # the official's outputs where the rebuilt ONNX must reproduce them bitwise; the rebuilt's own
-        # where it divides by another divisor (--divisor ieee) or there is no official file
-        official_golden = official is not None and run_ref is not None and not ctx.divisors_differ
-        full_ref = run_ref(main_feed_name, main_feed) if official_golden else ctx.run_ours(main_feed)
-        ref_noised = None
-        if main_noise is not None:
-            rn = run_ref_noise if official_golden and run_ref_noise is not None else (lambda n, f: ctx.run_ours_noise(f))
-            ref_noised = rn(main_feed_name, noised_feed)[C.OUT_CONT]
-        rep.golden = golden_bytes(main_feed, full_ref, main_noise, ref_noised)
+        rep.golden = golden_of(ctx)
     return rep
 
 
