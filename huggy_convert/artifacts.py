@@ -7,12 +7,17 @@ verification of the others.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from .converter.policy_file import atomic_write_bytes
+from .converter.policy_file import NAME_MAX, TEMPORARY_SUFFIX, atomic_write_bytes, temporary_key
+from .errors import OutputError, from_os_error
 
 SAFETENSORS, ONNX, PT2, REPORT, GOLDEN = "safetensors", "onnx", "pt2", "report", "golden"
 SUFFIXES: Dict[str, str] = {SAFETENSORS: ".safetensors", ONNX: ".onnx", PT2: ".pt2", REPORT: ".verify.json",
@@ -22,6 +27,91 @@ BUILT = (SAFETENSORS, ONNX, PT2)  # made from the policy; REPORT and GOLDEN come
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_TEMPORARY = re.compile(r"^\.(?P<key>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_bytes' temporary names
+
+
+def clean_stale_temporaries(out: Path, names: Iterable[str]) -> List[Path]:
+    """Remove the ``.<name>.<random>.tmp`` files a killed run left in ``out`` for the files it writes
+    (``names``; ``temporary_key`` for long ones); any other ``.tmp`` is the user's and stays."""
+    removed = []
+    keys = {temporary_key(n) for n in names}
+    try:
+        found = sorted(Path(out).glob(f".*{TEMPORARY_SUFFIX}"))
+    except OSError:
+        return removed
+    for p in found:
+        m = _TEMPORARY.match(p.name)
+        if m and m.group("key") in keys and p.is_file() and not p.is_symlink():
+            try:
+                p.unlink()
+                removed.append(p)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def make_dirs(folder: Path) -> List[Path]:
+    """``mkdir -p folder``; returns the folders it created (outermost first), for ``remove_dirs``."""
+    folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise OutputError(f"cannot write: a symbolic link to a missing folder ({os.readlink(folder)[:100]})", folder)
+    missing = []
+    p = folder
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise from_os_error(exc, folder) from None
+    return list(reversed(missing))
+
+
+def remove_dirs(created: List[Path]) -> None:
+    """Remove the folders ``make_dirs`` created, if they are still empty (innermost first)."""
+    for p in reversed(created):
+        try:
+            p.rmdir()
+        except OSError:
+            return
+
+
+@contextlib.contextmanager
+def locked(folder: Path, stem: str):
+    """An exclusive ``fcntl.flock`` on ``folder/.<stem>.lock`` while a set is written and verified:
+    a second conversion of the same stem into the same folder waits for the first. The lock file
+    is removed by its holder before the lock is released; a waiter that then finds another file
+    (or none) at the name retries, so two holders never overlap. (A kill leaves the file: the next
+    conversion of that stem takes it and removes it.)"""
+    import fcntl
+
+    path = Path(folder) / f".{temporary_key(stem)}.lock"
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise from_os_error(exc, folder) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            os.close(fd)
+            raise from_os_error(exc, folder) from None
+        os.close(fd)
+    try:
+        yield path
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -58,6 +148,52 @@ class ArtifactSet:
         p = self.path(kind)
         atomic_write_bytes(p, data, fsync=fsync)
         return {"path": str(p), "file": p.name, "sha256": sha256_bytes(data)}
+
+    def names(self) -> List[str]:
+        return [self.name(kind) for kind in SUFFIXES]
+
+    def check_names(self) -> None:
+        """Every file name of the set fits NAME_MAX (else nothing is written)."""
+        longest = max(self.names(), key=lambda n: len(os.fsencode(n)))
+        if len(os.fsencode(longest)) > NAME_MAX:
+            raise OutputError(f"file name too long: {longest[:40]}… is {len(os.fsencode(longest))} bytes, the "
+                              f"limit is {NAME_MAX} (rename the checkpoint)", self.dir)
+
+    def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
+        """Write several kinds as one: each file atomically (``write``); if one fails (disk full, ...),
+        the ones already written are rolled back: a file this set replaced is put back (a hard link
+        kept while writing), a new one removed. Returns ``kind -> {path, file, sha256}``."""
+        backups: Dict[str, Path] = {}
+        done: Dict[str, Dict[str, str]] = {}
+        try:
+            for kind in blobs:
+                p = self.path(kind)
+                if p.is_file() and not p.is_symlink():
+                    b = p.with_name(f".{temporary_key(p.name)}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+                    try:
+                        os.link(p, b)
+                        backups[kind] = b
+                    except OSError:  # no hard links here: that file cannot be put back
+                        pass
+            for kind, data in blobs.items():
+                done[kind] = self.write(kind, data, fsync=fsync)
+        except BaseException as exc:
+            for kind in done:
+                with contextlib.suppress(OSError):
+                    if kind in backups:
+                        os.replace(backups.pop(kind), self.path(kind))
+                    else:
+                        os.unlink(self.path(kind))
+            for b in backups.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(b)
+            if isinstance(exc, OSError):
+                raise from_os_error(exc, self.dir) from None
+            raise
+        for b in backups.values():
+            with contextlib.suppress(OSError):
+                os.unlink(b)
+        return done
 
     def present(self) -> Iterator[Tuple[str, Path]]:
         for kind in SUFFIXES:

@@ -64,7 +64,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -78,7 +77,7 @@ import click
 
 from . import __version__
 from . import contract as C
-from .artifacts import SUFFIXES
+from .artifacts import SUFFIXES, clean_stale_temporaries, locked, make_dirs, remove_dirs
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
@@ -123,25 +122,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_bytes' temporary names
-
-
-def clean_stale_temporaries(out: Path, names) -> List[Path]:
-    """Remove the ``.<name>.<random>.tmp`` files a killed run left in ``out`` for the files it writes
-    (``names``); any other ``.tmp`` is the user's and stays."""
-    removed = []
-    names = set(names)
-    for p in sorted(out.glob(".*.tmp")):
-        m = _TEMPORARY.match(p.name)
-        if m and m.group("name") in names and p.is_file() and not p.is_symlink():
-            try:
-                p.unlink()
-                removed.append(p)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 def _sha_file(path: Path) -> Optional[str]:
@@ -515,8 +495,6 @@ def batch_profiles(options: ConvertOptions):
 def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optional[int] = None, force: bool = False,
               as_json: bool = False) -> int:
     """Convert every checkpoint under ``source`` into ``out``; returns the exit code."""
-    import torch
-
     t0 = time.perf_counter()
     o = options or ConvertOptions()
     source, out = Path(source), Path(out)
@@ -533,7 +511,24 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     if clash is not None:
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
-    out.mkdir(parents=True, exist_ok=True)
+    if o.verify:
+        from .exporters.devices import check_devices
+
+        check_devices(getattr(o.verify_options, "devices", None))
+    created = make_dirs(out)
+    try:
+        # one batch at a time in OUT (it owns the manifest); creating the lock proves OUT writable
+        with locked(out, MANIFEST_JSON):
+            created = []
+            return _run_batch(source, out, o, root, status, items, warns, jobs, force, as_json, t0)
+    finally:
+        remove_dirs(created)
+
+
+def _run_batch(source: Path, out: Path, o: ConvertOptions, root, status, items, warns, jobs, force: bool,
+               as_json: bool, t0: float) -> int:
+    import torch
+
     clean_stale_temporaries(out, [MANIFEST_JSON, MANIFEST_CSV] + [f"{it.stem}{suffix}" for it in items if it.stem
                                                                     for suffix in SUFFIXES.values()])
     jobs = max(1, int(jobs or _default_jobs()))
