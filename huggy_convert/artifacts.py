@@ -8,6 +8,7 @@ verification of the others.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -52,30 +53,29 @@ def clean_stale_temporaries(out: Path, names: Iterable[str]) -> List[Path]:
     return removed
 
 
-def make_dirs(folder: Path) -> List[Path]:
-    """``mkdir -p folder``; returns the folders it created (outermost first), for ``remove_dirs``."""
+def check_out(folder: Path) -> Path:
+    """An output folder that can be looked at: not a dangling symlink, no symlink loop (which
+    ``Path.resolve`` reports as a ``RuntimeError``)."""
     folder = Path(folder)
     if folder.is_symlink() and not folder.exists():
         raise OutputError(f"cannot write: a symbolic link to a missing folder ({os.readlink(folder)[:100]})", folder)
-    missing = []
-    p = folder
-    while not p.exists() and not p.is_symlink() and p != p.parent:
-        missing.append(p)
-        p = p.parent
+    try:
+        folder.resolve()
+    except RuntimeError:
+        raise OutputError(f"cannot write: {os.strerror(errno.ELOOP)}", folder) from None
+    except OSError as exc:
+        raise from_os_error(exc, folder) from None
+    return folder
+
+
+def make_dirs(folder: Path) -> None:
+    """``mkdir -p folder`` (an ``OSError`` becomes an ``OutputError`` naming it). A folder made for
+    a conversion whose write then failed stays, empty."""
+    folder = check_out(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise from_os_error(exc, folder) from None
-    return list(reversed(missing))
-
-
-def remove_dirs(created: List[Path]) -> None:
-    """Remove the folders ``make_dirs`` created, if they are still empty (innermost first)."""
-    for p in reversed(created):
-        try:
-            p.rmdir()
-        except OSError:
-            return
 
 
 @contextlib.contextmanager
@@ -159,41 +159,26 @@ class ArtifactSet:
             raise OutputError(f"file name too long: {longest[:40]}… is {len(os.fsencode(longest))} bytes, the "
                               f"limit is {NAME_MAX} (rename the checkpoint)", self.dir)
 
-    def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
-        """Write several kinds as one: each file atomically (``write``); if one fails (disk full, ...),
-        the ones already written are rolled back: a file this set replaced is put back (a hard link
-        kept while writing), a new one removed. Returns ``kind -> {path, file, sha256}``."""
-        backups: Dict[str, Path] = {}
-        done: Dict[str, Dict[str, str]] = {}
+    @contextlib.contextmanager
+    def transaction(self):
+        """Files written through it (``tx.write_all``) stand or fall together: on any error inside the
+        block (disk full, a kill signal turned exception, a bug) each one is rolled back: a file it
+        replaced is put back (a hard link kept meanwhile, a ``.<name>.<random>.tmp``), a new one
+        removed; an ``OSError`` becomes an ``OutputError`` naming the folder."""
+        tx = _Transaction(self)
         try:
-            for kind in blobs:
-                p = self.path(kind)
-                if p.is_file() and not p.is_symlink():
-                    b = p.with_name(f".{temporary_key(p.name)}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
-                    try:
-                        os.link(p, b)
-                        backups[kind] = b
-                    except OSError:  # no hard links here: that file cannot be put back
-                        pass
-            for kind, data in blobs.items():
-                done[kind] = self.write(kind, data, fsync=fsync)
+            yield tx
         except BaseException as exc:
-            for kind in done:
-                with contextlib.suppress(OSError):
-                    if kind in backups:
-                        os.replace(backups.pop(kind), self.path(kind))
-                    else:
-                        os.unlink(self.path(kind))
-            for b in backups.values():
-                with contextlib.suppress(OSError):
-                    os.unlink(b)
-            if isinstance(exc, OSError):
+            tx.rollback()
+            if isinstance(exc, OSError) and not isinstance(exc, OutputError):
                 raise from_os_error(exc, self.dir) from None
             raise
-        for b in backups.values():
-            with contextlib.suppress(OSError):
-                os.unlink(b)
-        return done
+        tx.commit()
+
+    def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
+        """Write several kinds as one (``transaction``); returns ``kind -> {path, file, sha256}``."""
+        with self.transaction() as tx:
+            return tx.write_all(blobs, fsync=fsync)
 
     def present(self) -> Iterator[Tuple[str, Path]]:
         for kind in SUFFIXES:
@@ -205,3 +190,44 @@ class ArtifactSet:
         """The stems of every ``<stem>.safetensors`` policy in ``folder``, sorted."""
         suffix = SUFFIXES[SAFETENSORS]
         return sorted(p.name[:-len(suffix)] for p in Path(folder).glob(f"*{suffix}"))
+
+
+class _Transaction:
+    """The files of one ``ArtifactSet.transaction``: what it wrote, and the hard links of the files
+    it replaced."""
+
+    def __init__(self, arts: ArtifactSet):
+        self.arts = arts
+        self.backups: Dict[str, Path] = {}
+        self.written: List[str] = []
+
+    def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
+        for kind in blobs:
+            p = self.arts.path(kind)
+            if kind not in self.backups and kind not in self.written and p.is_file() and not p.is_symlink():
+                b = p.with_name(f".{temporary_key(p.name)}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+                try:
+                    os.link(p, b)
+                    self.backups[kind] = b
+                except OSError:  # no hard links here: that file cannot be put back
+                    pass
+        done = {}
+        for kind, data in blobs.items():
+            done[kind] = self.arts.write(kind, data, fsync=fsync)
+            self.written.append(kind)
+        return done
+
+    def rollback(self) -> None:
+        for kind in self.written:
+            with contextlib.suppress(OSError):
+                if kind in self.backups:
+                    os.replace(self.backups.pop(kind), self.arts.path(kind))
+                else:
+                    os.unlink(self.arts.path(kind))
+        self.commit()
+
+    def commit(self) -> None:
+        for b in self.backups.values():
+            with contextlib.suppress(OSError):
+                os.unlink(b)
+        self.backups.clear()

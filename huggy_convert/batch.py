@@ -77,7 +77,7 @@ import click
 
 from . import __version__
 from . import contract as C
-from .artifacts import SUFFIXES, clean_stale_temporaries, locked, make_dirs, remove_dirs
+from .artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
@@ -501,6 +501,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     if o.reference:
         raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "
                          "against its own <stem>.onnx", o.reference)
+    check_out(out)
     root, status, items, warns = discover(source, out)
     if not items:
         raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
@@ -515,14 +516,9 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         from .exporters.devices import check_devices
 
         check_devices(getattr(o.verify_options, "devices", None))
-    created = make_dirs(out)
-    try:
-        # one batch at a time in OUT (it owns the manifest); creating the lock proves OUT writable
-        with locked(out, MANIFEST_JSON):
-            created = []
-            return _run_batch(source, out, o, root, status, items, warns, jobs, force, as_json, t0)
-    finally:
-        remove_dirs(created)
+    make_dirs(out)
+    with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
+        return _run_batch(source, out, o, root, status, items, warns, jobs, force, as_json, t0)
 
 
 def _run_batch(source: Path, out: Path, o: ConvertOptions, root, status, items, warns, jobs, force: bool,

@@ -68,8 +68,9 @@ class VerificationError(HuggyError):
     exit_code = EXIT_VERIFY_FAILED
 
 
-class OutputError(HuggyError):
-    """An output cannot be written: an unwritable, full or missing folder, a name too long, ..."""
+class OutputError(HuggyError, OSError):
+    """An output cannot be written: an unwritable, full or missing folder, a name too long, ... It is
+    an ``OSError`` too (with the original ``errno``), so a library caller's ``except OSError`` holds."""
 
 
 EXIT_INTERNAL = 3  # an exception the tool did not expect: a bug (exit 1 and 2 keep their meaning)
@@ -94,10 +95,13 @@ def from_os_error(exc: OSError, path: Optional[Union[str, Path]] = None, output:
     into a typed error naming the path and the system's reason: an :class:`OutputError` for a write,
     an :class:`InputError` for a read (``output=False``)."""
     where = path if path is not None else (exc.filename if exc.filename is not None else None)
-    reason = exc.strerror or type(exc).__name__
+    reason = exc.strerror or str(exc) or type(exc).__name__
     verb = "cannot write" if output else "cannot read"
-    cls = OutputError if output else InputError
-    return cls(f"{verb}: {display(reason)[:MAX_QUOTE]}", None if where is None else display(where))
+    err = (OutputError if output else InputError)(f"{verb}: {display(reason)[:MAX_QUOTE]}",
+                                                  None if where is None else display(where))
+    if output:
+        err.errno, err.strerror = exc.errno, exc.strerror
+    return err
 
 
 def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, output: bool = False) -> HuggyError:

@@ -15,7 +15,7 @@ import onnx
 
 from . import contract as C
 from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
-                        locked, make_dirs, remove_dirs)
+                        locked, make_dirs)
 from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
@@ -196,26 +196,24 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     kinds = [k for k in BUILT if k != PT2 or o.program]
     blobs = {k: EXPORTERS[k](conv.policy, o.opset, writer) for k in kinds}
     res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
-    created = make_dirs(out)
-    try:
-        with locked(out, arts.stem):  # the set is written and verified as one (see artifacts.locked)
-            clean_stale_temporaries(out, arts.names())
-            res.artifacts.update(arts.write_all(blobs, fsync=fsync))
-            created = []
-            blobs = None
-            if o.verify:
-                rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
-                             subject=f"{arts.stem} ({src.name})",
-                             written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True)
-                if official is None:
-                    rep.notes.insert(0, f"no official ONNX found beside {src.name} "
-                                        f"({src.with_suffix(SUFFIXES[ONNX]).name})"
-                                        + ("; use --reference to name one" if suggest_reference else ""))
-                rep.notes.extend(notes)
-                res.artifacts.update(arts.write_all({GOLDEN: rep.golden, REPORT: report_bytes(rep)}, fsync=fsync))
-                res.report = rep
-    finally:
-        remove_dirs(created)
+    make_dirs(out)
+    # the set is written and verified as one: a lock on OUT/<stem> (see artifacts.locked), and every
+    # file rolled back if any write (or the verification) raises
+    with locked(out, arts.stem), arts.transaction() as tx:
+        clean_stale_temporaries(out, arts.names())
+        res.artifacts.update(tx.write_all(blobs, fsync=fsync))
+        blobs = None
+        if o.verify:
+            rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
+                         subject=f"{arts.stem} ({src.name})",
+                         written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True)
+            if official is None:
+                rep.notes.insert(0, f"no official ONNX found beside {src.name} "
+                                    f"({src.with_suffix(SUFFIXES[ONNX]).name})"
+                                    + ("; use --reference to name one" if suggest_reference else ""))
+            rep.notes.extend(notes)
+            res.artifacts.update(tx.write_all({GOLDEN: rep.golden, REPORT: report_bytes(rep)}, fsync=fsync))
+            res.report = rep
     res.seconds = time.perf_counter() - t0
     return res
 
