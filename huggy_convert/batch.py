@@ -48,7 +48,10 @@ Idempotent and resumable
     version and options, and each of its output files still has the recorded sha256 (``--force``
     redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
     rewritten that way (and fsynced) every ``HUGGY_CONVERT_MANIFEST_INTERVAL`` seconds (default 1)
-    and at the end; stale ``.*.tmp`` files of a killed run are removed first. After a ``kill -9``
+    and at the end; stale ``.*.tmp`` files of a killed run (of the names it writes:
+    ``artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
+    ``OUT/.manifest.json.lock`` (``artifacts.locked``; taking it also proves OUT writable before any
+    work), and each checkpoint's set is written under its stem's lock, as a single conversion's. After a ``kill -9``
     a rerun skips what the manifest holds and redoes the rest, with the same bytes (artifacts and
     reports are deterministic: one torch thread, and nothing in them depends on the order).
     Artifacts are not fsynced one by one: after a power cut a rerun finds any torn file by its

@@ -113,6 +113,10 @@ def _proc(tmp):
     return Path("/proc/huggy-convert-out"), "cannot write"
 
 
+def _proc_itself(tmp):
+    return Path("/proc"), "cannot write"
+
+
 def _proc_self(tmp):
     return Path("/proc/self/huggy-convert-out"), "cannot write"
 
@@ -132,7 +136,7 @@ def _mode_555(tmp):
 
 UNWRITABLE = {"parent-is-a-file": _parent_is_file, "dangling-symlink": _dangling_symlink,
               "symlink-loop": _symlink_loop, "name-too-long": _name_too_long, "proc": _proc,
-              "proc-self": _proc_self, "sys": _sys, "mode-555": _mode_555}
+              "proc-itself": _proc_itself, "proc-self": _proc_self, "sys": _sys, "mode-555": _mode_555}
 
 
 @pytest.mark.parametrize("source", ["checkpoint", "run-directory"])
@@ -429,7 +433,8 @@ def test_from_foreign():
     e = from_foreign(ValueError("v" * 10000), "a.pt")
     assert isinstance(e, InternalError) and e.exit_code == EXIT_INTERNAL == 3
     assert e.one_line().startswith("a.pt: internal error: ValueError: vvv") and len(e.one_line()) < MAX_LINE
-    assert from_foreign(PermissionError(13, "Permission denied", "/f")).one_line() == "/f: cannot read: Permission denied"
+    denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/f")
+    assert from_foreign(denied).one_line() == f"/f: cannot read: {os.strerror(errno.EACCES)}"
     err = InputError("x")
     assert from_foreign(err) is err
 
