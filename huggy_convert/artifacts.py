@@ -94,7 +94,11 @@ def locked(folder: Path, stem: str):
         except OSError as exc:
             raise from_os_error(exc, folder) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:  # a file system without locks (some network mounts): go on unlocked
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
             st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
             if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
                 break
