@@ -48,7 +48,10 @@ Idempotent and resumable
     version and options, and each of its output files still has the recorded sha256 (``--force``
     redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
     rewritten that way (and fsynced) every ``HUGGY_CONVERT_MANIFEST_INTERVAL`` seconds (default 1)
-    and at the end; stale ``.*.tmp`` files of a killed run are removed first. After a ``kill -9``
+    and at the end; stale ``.*.tmp`` files of a killed run (of the names it writes:
+    ``artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
+    ``OUT/.manifest.json.lock`` (``artifacts.locked``; taking it also proves OUT writable before any
+    work), and each checkpoint's set is written under its stem's lock, as a single conversion's. After a ``kill -9``
     a rerun skips what the manifest holds and redoes the rest, with the same bytes (artifacts and
     reports are deterministic: one torch thread, and nothing in them depends on the order).
     Artifacts are not fsynced one by one: after a power cut a rerun finds any torn file by its
@@ -64,7 +67,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -78,7 +80,7 @@ import click
 
 from . import __version__
 from . import contract as C
-from .artifacts import SUFFIXES
+from .artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
@@ -123,25 +125,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_bytes' temporary names
-
-
-def clean_stale_temporaries(out: Path, names) -> List[Path]:
-    """Remove the ``.<name>.<random>.tmp`` files a killed run left in ``out`` for the files it writes
-    (``names``); any other ``.tmp`` is the user's and stays."""
-    removed = []
-    names = set(names)
-    for p in sorted(out.glob(".*.tmp")):
-        m = _TEMPORARY.match(p.name)
-        if m and m.group("name") in names and p.is_file() and not p.is_symlink():
-            try:
-                p.unlink()
-                removed.append(p)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 def _sha_file(path: Path) -> Optional[str]:
@@ -515,14 +498,13 @@ def batch_profiles(options: ConvertOptions):
 def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optional[int] = None, force: bool = False,
               as_json: bool = False) -> int:
     """Convert every checkpoint under ``source`` into ``out``; returns the exit code."""
-    import torch
-
     t0 = time.perf_counter()
     o = options or ConvertOptions()
     source, out = Path(source), Path(out)
     if o.reference:
         raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "
                          "against its own <stem>.onnx", o.reference)
+    check_out(out)
     root, status, items, warns = discover(source, out)
     if not items:
         raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
@@ -533,7 +515,19 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     if clash is not None:
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
-    out.mkdir(parents=True, exist_ok=True)
+    if o.verify:
+        from .exporters.devices import check_devices
+
+        check_devices(getattr(o.verify_options, "devices", None))
+    make_dirs(out)
+    with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
+        return _run_batch(source, out, o, root, status, items, warns, jobs, force, as_json, t0)
+
+
+def _run_batch(source: Path, out: Path, o: ConvertOptions, root, status, items, warns, jobs, force: bool,
+               as_json: bool, t0: float) -> int:
+    import torch
+
     clean_stale_temporaries(out, [MANIFEST_JSON, MANIFEST_CSV] + [f"{it.stem}{suffix}" for it in items if it.stem
                                                                     for suffix in SUFFIXES.values()])
     jobs = max(1, int(jobs or _default_jobs()))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
+from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 
 
 class DefaultGroup(click.Group):
@@ -21,6 +21,18 @@ class DefaultGroup(click.Group):
             args = [self.default_command] + list(args)
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx):
+        """The top level: what a command's own guard did not turn into one line (the modes' guard
+        takes only ``HuggyError``) goes through ``errors.from_foreign`` here."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except HuggyError as e:
+            fail(e)
+        except Exception as e:  # noqa: BLE001
+            fail(from_foreign(e, getattr(e, "filename", None)))
+
     def format_usage(self, ctx, formatter):
         formatter.write_usage("huggy-convert", "CHECKPOINT|RUN_DIR OUT/ [OPTIONS]  |  huggy-convert COMMAND [ARGS]...")
 
@@ -32,11 +44,16 @@ def fail(err: HuggyError, as_json: bool = False) -> None:
     sys.exit(err.exit_code)
 
 
-def run_guarded(fn, as_json: bool = False):
+def run_guarded(fn, as_json: bool = False, subject=None):
+    """``fn()``; any error becomes one line: a ``HuggyError`` as it is, a foreign failure through
+    ``errors.from_foreign`` (an ``OSError`` names its path and reason, a ``MemoryError`` is "too
+    large", exit 2); anything else is a bug: "internal error: <type>: <message>", exit 3, no traceback."""
     try:
         return fn()
     except HuggyError as e:
         fail(e, as_json)
+    except Exception as e:  # noqa: BLE001 - the one place foreign failures become typed errors
+        fail(from_foreign(e, getattr(e, "filename", None) or subject), as_json)
 
 
 def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
@@ -79,7 +96,7 @@ def main():
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert verify out/                re-check the artifacts in out/
 
-    Exit codes: 0 success, 1 a verification failed, 2 bad input or usage.
+    Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug).
     """
 
 
@@ -137,7 +154,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             click.echo(f"  {res.seconds:.2f} s")
         return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
 
-    sys.exit(run_guarded(go, as_json))
+    sys.exit(run_guarded(go, as_json, source))
 
 
 @main.command("verify")
@@ -163,7 +180,7 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices,
             click.echo(f"huggy-convert: verification failed: {r.subject}: {r.first_failure()}", err=True)
         return EXIT_VERIFY_FAILED if failed else EXIT_OK
 
-    sys.exit(run_guarded(go, as_json))
+    sys.exit(run_guarded(go, as_json, out))
 
 
 from .modes import register as _register_modes  # noqa: E402 (the modes register on the group above)

@@ -2,10 +2,12 @@
 
 Every error the tool raises on purpose derives from :class:`HuggyError`. The CLI turns
 one into a single line ``huggy-convert: error: <file>: <reason>`` and the error's
-``exit_code``: 2 for bad input or usage, 1 for a verification that failed.
+``exit_code``: 2 for bad input, output, environment or usage, 1 for a verification that failed,
+3 for an exception the tool did not expect (a bug; ``from_foreign`` names its type).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, Union
 
@@ -25,8 +27,8 @@ class HuggyError(Exception):
         self.path = None if path is None else str(path)
 
     def one_line(self) -> str:
-        text = " ".join(self.message.split())
-        return f"{self.path}: {text}" if self.path else text
+        text = display(self.message)
+        return f"{display(self.path)}: {text}" if self.path else text
 
     def __str__(self) -> str:  # pragma: no cover - trivial
         return self.one_line()
@@ -64,3 +66,61 @@ class VerificationError(HuggyError):
     """One or more verification checks failed."""
 
     exit_code = EXIT_VERIFY_FAILED
+
+
+class OutputError(HuggyError, OSError):
+    """An output cannot be written: an unwritable, full or missing folder, a name too long, ... It is
+    an ``OSError`` too (with the original ``errno``), so a library caller's ``except OSError`` holds."""
+
+
+EXIT_INTERNAL = 3  # an exception the tool did not expect: a bug (exit 1 and 2 keep their meaning)
+MAX_QUOTE = 200  # characters of a foreign message quoted in one line
+
+
+def utf8_name(name: Union[str, bytes, Path]) -> str:
+    """A file name as valid UTF-8 text: the bytes of a non-UTF-8 name (surrogate escapes) as ``\\xff``;
+    a UTF-8 name is itself."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def display(text: object) -> str:
+    """``text`` as one printable line: a non-UTF-8 file name (surrogate escapes) shown as ``\\xff``,
+    whitespace (newlines included) collapsed."""
+    s = utf8_name(text) if isinstance(text, (str, bytes, Path)) else str(text)
+    return " ".join(s.encode("utf-8", "backslashreplace").decode("utf-8").split())
+
+
+def from_os_error(exc: OSError, path: Optional[Union[str, Path]] = None, output: bool = True) -> HuggyError:
+    """The one translation of an ``OSError`` (EACCES, EROFS, ENOSPC, ENAMETOOLONG, ENOTDIR, ELOOP, ...)
+    into a typed error naming the path and the system's reason: an :class:`OutputError` for a write,
+    an :class:`InputError` for a read (``output=False``)."""
+    where = path if path is not None else (exc.filename if exc.filename is not None else None)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    verb = "cannot write" if output else "cannot read"
+    err = (OutputError if output else InputError)(f"{verb}: {display(reason)[:MAX_QUOTE]}",
+                                                  None if where is None else display(where))
+    if output:
+        err.errno, err.strerror = exc.errno, exc.strerror
+    return err
+
+
+def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, output: bool = False) -> HuggyError:
+    """A failure from outside the tool as a typed error: ``OSError`` by :func:`from_os_error`,
+    ``MemoryError`` as "too large"; anything else is an internal error (a bug), exit
+    ``EXIT_INTERNAL``, named by its type."""
+    if isinstance(exc, HuggyError):
+        return exc
+    if isinstance(exc, OSError):
+        return from_os_error(exc, path, output=output)
+    where = None if path is None else display(path)
+    if isinstance(exc, MemoryError):
+        return InputError("too large to process here (out of memory)", where)
+    err = InternalError(f"internal error: {type(exc).__name__}: {display(exc)[:MAX_QUOTE]} "
+                        "(a bug in huggy-convert: please report it)", where)
+    return err
+
+
+class InternalError(HuggyError):
+    """An exception the tool did not expect (a bug): one line naming its type, exit 3."""
+
+    exit_code = EXIT_INTERNAL

@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Sequence
 import onnx
 
 from . import contract as C
-from .artifacts import BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet
+from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
+                        locked, make_dirs)
 from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
@@ -78,7 +79,10 @@ class ConvertResult:
 def default_reference(ckpt_path: Path) -> Optional[Path]:
     """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt)."""
     p = ckpt_path.with_suffix(SUFFIXES[ONNX])
-    return p if p.is_file() else None
+    try:
+        return p if p.is_file() else None
+    except OSError:  # e.g. a name too long for a sibling: the output names are checked later
+        return None
 
 
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
@@ -169,10 +173,14 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     ``.pt2`` writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture);
     ``profile``: the VerifyOptions (default: the options'); ``notes``: added to the report.
     Every artifact is built in memory before the first is written, so bad input leaves nothing."""
-    from .verify import Reference, VerifyOptions, verify, write_report
+    from .exporters.devices import check_devices
+    from .verify import Reference, VerifyOptions, verify
+    from .verify.engine import report_bytes
 
     t0 = time.perf_counter()
     o = options or ConvertOptions()
+    if o.verify:
+        check_devices(getattr(profile or o.verify_options, "devices", None))
     src = Path(source)
     ckpt = checkpoint or load_checkpoint(src)
     prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
@@ -182,34 +190,40 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     arts = ArtifactSet(out, stem or src.stem)
+    arts.check_names()
     _refuse_overwriting_sources(arts, src, reference)
 
     kinds = [k for k in BUILT if k != PT2 or o.program]
     blobs = {k: EXPORTERS[k](conv.policy, o.opset, writer) for k in kinds}
     res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
-    for kind in kinds:
-        res.artifacts[kind] = arts.write(kind, blobs[kind], fsync=fsync)
-    blobs = None
-
-    if o.verify:
-        rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
-                     subject=f"{arts.stem} ({src.name})", written={k: a["sha256"] for k, a in res.artifacts.items()},
-                     writer=writer, golden=True)
-        if official is None:
-            rep.notes.insert(0, f"no official ONNX found beside {src.name} ({src.with_suffix(SUFFIXES[ONNX]).name})"
-                                + ("; use --reference to name one" if suggest_reference else ""))
-        rep.notes.extend(notes)
-        res.artifacts[GOLDEN] = arts.write(GOLDEN, rep.golden, fsync=fsync)
-        res.artifacts[REPORT] = write_report(rep, arts.path(REPORT), fsync=fsync)
-        res.report = rep
+    make_dirs(out)
+    # the set is written and verified as one: a lock on OUT/<stem> (see artifacts.locked), and every
+    # file rolled back if any write (or the verification) raises
+    with locked(out, arts.stem), arts.transaction() as tx:
+        clean_stale_temporaries(out, arts.names())
+        res.artifacts.update(tx.write_all(blobs, fsync=fsync))
+        blobs = None
+        if o.verify:
+            rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
+                         subject=f"{arts.stem} ({src.name})",
+                         written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True)
+            if official is None:
+                rep.notes.insert(0, f"no official ONNX found beside {src.name} "
+                                    f"({src.with_suffix(SUFFIXES[ONNX]).name})"
+                                    + ("; use --reference to name one" if suggest_reference else ""))
+            rep.notes.extend(notes)
+            res.artifacts.update(tx.write_all({GOLDEN: rep.golden, REPORT: report_bytes(rep)}, fsync=fsync))
+            res.report = rep
     res.seconds = time.perf_counter() - t0
     return res
 
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
     """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
+    from .exporters.devices import check_devices
     from .verify import Reference, verify, write_report
 
+    check_devices(getattr(options, "devices", None))
     out = Path(out_dir)
     if not out.is_dir():
         raise InputError("no such directory", out)

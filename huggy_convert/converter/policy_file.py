@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import __version__
 from .. import contract as C
-from ..errors import PolicyFileError
+from ..errors import PolicyFileError, from_os_error, utf8_name
 from .spec import PolicySpec
 
 
@@ -58,7 +58,7 @@ def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: st
         "format": C.FORMAT_NAME,
         "format_version": C.FORMAT_VERSION,
         "spec": spec.to_json(),
-        "source_file": source_name,
+        "source_file": utf8_name(source_name),  # valid UTF-8 whatever the file name
         "source_sha256": source_sha256,
         "training_step": "" if step is None else str(step),
         "sources": j(sources),
@@ -93,24 +93,54 @@ def _umask() -> int:
     return mask
 
 
+NAME_MAX = 255  # bytes of one file name (Linux, macOS, Windows)
+TEMPORARY_SUFFIX = ".tmp"
+_RANDOM = 8  # characters tempfile adds
+
+
+def temporary_key(name: str) -> str:
+    """What a temporary of ``name`` is called after (``.<key>.<random>.tmp``): the name itself, or,
+    where that would pass NAME_MAX, a digest of it, so that a temporary fits beside any file name."""
+    raw = os.fsencode(name)
+    if len(raw) + len(TEMPORARY_SUFFIX) + _RANDOM + 2 <= NAME_MAX:
+        return name
+    import hashlib
+
+    return f"{hashlib.sha256(raw).hexdigest()[:40]}.long"
+
+
+def _write_fd(f, data: bytes, fsync: bool) -> None:
+    f.write(data)
+    if fsync:
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
-    """Write ``data`` under ``.<name>.<random>.tmp`` in the same folder, (fsync,) then rename."""
+    """Write ``data`` under ``.<name>.<random>.tmp`` (``temporary_key``) in the same folder, (fsync,)
+    then rename; on any error the temporary is removed and an ``OSError`` becomes an ``OutputError``
+    naming ``path`` (``errors.from_os_error``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{temporary_key(path.name)}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+            os.chmod(tmp, 0o666 & ~_umask())
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "wb") as f:
+            _write_fd(f, data, fsync)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise from_os_error(exc, path) from None
         raise
 
 

@@ -53,7 +53,14 @@ def resolve_device(name: str) -> str:
         if not torch.npu.is_available():
             raise DeviceError("device 'npu' asked for, but torch_npu sees no Ascend NPU")
         return name
-    raise DeviceError(f"unknown device '{name}': choose cpu, cuda, npu or auto")
+    raise DeviceError(f"unknown device '{name[:40]}': choose cpu, cuda, npu or auto")
+
+
+def check_devices(names) -> None:
+    """Every device asked for (``--verify-device``) is present here, else a ``DeviceError``: called
+    before anything is written, so a missing accelerator leaves no artifact behind."""
+    for name in names or ():
+        resolve_device(str(name))
 
 
 def available_devices(include_npu: Optional[bool] = None) -> List[str]:

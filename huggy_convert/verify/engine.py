@@ -497,9 +497,15 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     return rep
 
 
+def report_bytes(rep: Report) -> bytes:
+    """The bytes of ``<stem>.verify.json``."""
+    return (rep.to_json() + "\n").encode()
+
+
 def write_report(rep: Report, path, fsync: bool = True) -> Dict[str, str]:
-    """Write the report's JSON (atomically); returns ``{path, file, sha256}``."""
-    data = (rep.to_json() + "\n").encode()
+    """Write the report's JSON (atomically; an ``OSError`` becomes an ``OutputError`` naming ``path``,
+    as ``atomic_write_bytes`` does); returns ``{path, file, sha256}``."""
+    data = report_bytes(rep)
     atomic_write_bytes(path, data, fsync=fsync)
     return {"path": str(path), "file": Path(path).name, "sha256": sha256_bytes(data)}
 
