@@ -139,7 +139,8 @@ def measure(args, package: Path = None) -> dict:
         p.returncode = os.waitstatus_to_exitcode(status)
         fo.seek(0)
         fe.seek(0)
-        return {"wall": wall, "rss": ru.ru_maxrss / 1024, "rc": p.returncode, "out": fo.read().decode(),
+        return {"wall": wall, "rss": ru.ru_maxrss / 1024, "cpu": ru.ru_utime + ru.ru_stime, "rc": p.returncode,
+                "out": fo.read().decode(),
                 "err": fe.read().decode()[-3000:]}
 
 
@@ -262,6 +263,7 @@ def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) ->
     import statistics
 
     walls = {"this tree": [], "baseline": []}
+    cpus = {"this tree": [], "baseline": []}
     for r in range(rounds):
         for name, pkg in (("this tree", None), ("baseline", baseline)) if r % 2 == 0 else \
                 (("baseline", baseline), ("this tree", None)):
@@ -269,11 +271,16 @@ def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) ->
             m = measure([run, out, "--json", *jobs], package=pkg)
             s = json.loads(m["out"]) if m["rc"] in (0, 1) else {}
             walls[name].append(m["wall"])
-            print(f"round {r}: {name:9s} wall {m['wall']:.2f} s, peak RSS {m['rss']:.0f} MB, exit {m['rc']}, "
+            cpus[name].append(m["cpu"])
+            print(f"round {r}: {name:9s} wall {m['wall']:.2f} s, cpu {m['cpu']:.2f} s, peak RSS {m['rss']:.0f} MB, "
+                  f"exit {m['rc']}, "
                   f"{s.get('converted')} converted, {s.get('failed')} failed")
             shutil.rmtree(out, ignore_errors=True)
     ratios = [a / b for a, b in zip(walls["this tree"], walls["baseline"])]
-    print(f"baseline SUMMARY this_median_s={statistics.median(walls['this tree']):.2f} "
+    cpu_ratios = [a / b for a, b in zip(cpus["this tree"], cpus["baseline"])]
+    print(f"baseline SUMMARY cpu_ratio_median={statistics.median(cpu_ratios):.3f} "
+          f"cpu_ratios={','.join(f'{x:.3f}' for x in cpu_ratios)} "
+          f"this_median_s={statistics.median(walls['this tree']):.2f} "
           f"baseline_median_s={statistics.median(walls['baseline']):.2f} "
           f"ratio_median={statistics.median(ratios):.3f} ratios={','.join(f'{x:.3f}' for x in ratios)}")
 
