@@ -1,6 +1,7 @@
 """The Runner protocol: what every backend offers."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Dict, Optional, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,8 +43,8 @@ def deterministic(outputs: Feed) -> Feed:
     return {k: v for k, v in outputs.items() if k not in STOCHASTIC}
 
 
-class RunnerBase:
-    """Shared attributes and ``deterministic`` of the runners."""
+class RunnerBase(ABC):
+    """Shared attributes and ``deterministic`` of the runners (each defines ``infer``)."""
 
     runtime = ""
     device = "cpu"
@@ -55,8 +56,9 @@ class RunnerBase:
     def label(self) -> str:
         return f"{self.runtime} {self.device} {self.dtype}"
 
-    def infer(self, feed: Feed) -> Feed:  # pragma: no cover - every runner overrides it
-        raise NotImplementedError
+    @abstractmethod
+    def infer(self, feed: Feed) -> Feed:
+        """Every output the backend computes for ``feed``."""
 
     def deterministic(self, feed: Feed) -> Feed:
         return deterministic(self.infer(feed))
