@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple
 
 from . import contract as C
-from .converter.checkpoint import clip, read_input_file
+from .converter.checkpoint import check_regular, clip, read_input_file
 from .errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
@@ -129,7 +129,9 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
     return [], f"{path}: broken {STATUS_FILE.name} ({reason}); using the file names"
 
 
-def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
+def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> List[Path]:
+    """The ``.pt`` files under ``scope``: regular files within the input size bound (a FIFO, device,
+    socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(scope):
         keep = []
@@ -138,7 +140,16 @@ def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
                 continue
             keep.append(d)
         dirnames[:] = keep
-        found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(C.CHECKPOINT_SUFFIX) and not f.startswith(".")]
+        for f in sorted(filenames):
+            if not f.endswith(C.CHECKPOINT_SUFFIX) or f.startswith("."):
+                continue
+            p = Path(dirpath, f)
+            try:
+                check_regular(p, "checkpoint")
+            except InputError as exc:
+                warns.append(f"skipped {exc.one_line()}")
+                continue
+            found.append(p)
     return found
 
 
@@ -155,7 +166,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
     else:
         root, status = source, None
     exclude = Path(out).resolve() if out is not None else None
-    files = _scan(source, exclude)
+    files = _scan(source, exclude, warns)
     rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
     by_name: Dict[str, List[Path]] = {}
     for f in files:

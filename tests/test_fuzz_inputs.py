@@ -111,6 +111,21 @@ def test_1_not_a_regular_file(kind, cmd, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("kind", ["fifo", "socket", "dev_zero", "sparse_20gb"])
+def test_1_special_file_in_a_run_directory_is_skipped(kind, tmp_path):
+    """A run directory's ``*.pt`` that is not a regular file (or is huge) is skipped with one warning:
+    never opened (a FIFO would hang the batch, /dev/zero fill the memory)."""
+    from huggy_convert.rundir import discover
+
+    run = tmp_path / "run"
+    shutil.copytree(SMALL_RUN, run)
+    p = _special(kind, tmp_path)
+    p.rename(run / "Small" / "Small-9999.pt")
+    items, warns = discover(run)[2:]
+    assert sorted(it.path.name for it in items if not it.missing) == ["Small-4157.pt", "checkpoint.pt"]
+    assert len(warns) == 1 and "skipped" in warns[0] and "Small-9999.pt" in warns[0], warns
+
+
 # --- 2. unbounded resources ----------------------------------------------------------------------
 def _zip_claims_huge(tmp_path: Path) -> Path:
     """The checkpoint's zip with its data.pkl entry claiming 3 GiB (central directory and local header)."""
@@ -455,17 +470,33 @@ SAFETENSORS = {
 POLICY_COMMANDS = ["verify", "info", "act", "export", "fingerprint"]
 
 
+def verdict(args, out: Path, expect: str = "") -> str:
+    """``huggy-convert ARGS`` ends in the verdict "these files are not good": exit 1, exactly one
+    ``verification failed`` line on stderr (bounded, naming ``expect``), no traceback, no temporary."""
+    r = CliRunner().invoke(_main(), [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code == 1, (r.exit_code, r.stderr[-2000:])
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("huggy-convert: verification failed:"), lines
+    assert len(lines[0]) <= 600 and "Traceback" not in r.stdout + r.stderr
+    assert expect in lines[0], (expect, lines[0])
+    assert temporaries([out]) == []
+    return lines[0]
+
+
 @pytest.mark.parametrize("cmd", POLICY_COMMANDS)
 @pytest.mark.parametrize("kind", sorted(SAFETENSORS))
 def test_5_corrupted_safetensors(kind, cmd, converted, tmp_path):
-    """A ``.safetensors`` whose spec or tensors contradict each other is validated on load: one line,
-    exit 2, for verify OUT/ too (the file the whole set is checked from cannot be read)."""
+    """A ``.safetensors`` whose spec or tensors contradict each other is validated on load: given to
+    info/act/export/fingerprint it is bad input (one line, exit 2); in OUT, ``verify OUT/`` gives the
+    verdict on a damaged artifact (exit 1, one line naming the file and why it does not load)."""
     out = _out_copy(converted, tmp_path)
     st = out / f"{SMALL.stem}.safetensors"
     _rewrite_policy(converted / st.name, st, **SAFETENSORS[kind])
     if cmd == "verify":
-        args = ["verify", out]
-    elif cmd == "export":
+        verdict(["verify", out], out, expect="does not load")
+        return
+    if cmd == "export":
         args = ["export", st, "-o", tmp_path / "x.onnx"]
     else:
         args = [cmd, st]
@@ -574,13 +605,7 @@ def test_7_damaged_artifact_in_out_is_a_verdict(kind, converted, tmp_path):
     suffix, damage = DAMAGED[kind]
     f = out / f"{SMALL.stem}.{suffix}"
     damage(f)
-    r = CliRunner().invoke(_main(), ["verify", str(out)])
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    assert r.exit_code == 1, (r.exit_code, r.stderr[-2000:])
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("huggy-convert: verification failed:"), lines
-    assert len(lines[0]) <= 600 and "Traceback" not in r.stdout + r.stderr
-    assert temporaries([out]) == []
+    verdict(["verify", out], out, expect=f.name)
 
 
 @pytest.mark.parametrize("option", ["--reference", "--checkpoint"])

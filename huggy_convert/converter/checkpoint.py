@@ -85,13 +85,24 @@ def _check_regular(st: os.stat_result, p: Path, what: str, limit: int) -> None:
                          "on input files", p)
 
 
+def check_regular(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> None:
+    """``path`` (links followed) is a regular file of at most ``limit`` bytes (``InputError`` otherwise)."""
+    p = Path(path)
+    try:
+        _check_regular(os.stat(p), p, what, limit)
+    except FileNotFoundError:
+        raise InputError("no such file", p) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the {what} ({exc.strerror or type(exc).__name__})", p) from None
+
+
 def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them: its type and size are checked
     with ``os.stat`` before it is opened, and again on the open descriptor (opened non-blocking, so a
     FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread."""
     p = Path(path)
+    check_regular(p, what, limit)
     try:
-        _check_regular(os.stat(p), p, what, limit)
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise InputError("no such file", p) from None
@@ -108,24 +119,52 @@ def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES
     return data
 
 
-def _check_zip_records(data: bytes, p: Path) -> Optional[bytes]:
-    """A zip checkpoint's records must fit the file: stored (torch writes no compressed entry), each
-    no larger than the file, together no larger than the file. Returns the pickle's bytes."""
+def stored_zip(data: bytes, p: Path, what: str = "torch checkpoint", error=CheckpointError) -> zipfile.ZipFile:
+    """``data`` as a zip whose records fit the file: stored (torch and ``np.savez`` write no compressed
+    entry), each no larger than the file and all together no larger than it, so reading them never
+    takes more memory than the file's real size (``error`` otherwise)."""
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
         infos = zf.infolist()
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
-        raise CheckpointError(f"not a readable torch checkpoint (damaged or truncated zip: "
-                              f"{type(exc).__name__})", p) from None
+        raise error(f"not a readable {what} (damaged or truncated zip: {type(exc).__name__})", p) from None
     total = 0
     for info in infos:
         if info.compress_type != zipfile.ZIP_STORED:
-            raise CheckpointError(f"not a readable torch checkpoint (zip entry {quote(info.filename)} is compressed; "
-                                  "torch writes stored entries only)", p)
+            raise error(f"not a readable {what} (zip entry {quote(info.filename)} is compressed; "
+                        "only stored entries are read)", p)
         total += info.file_size
         if info.file_size > len(data) or total > len(data):
-            raise CheckpointError(f"not a readable torch checkpoint (zip entry {quote(info.filename)} claims "
-                                  f"{info.file_size:,} bytes, more than the {len(data):,}-byte file holds)", p)
+            raise error(f"not a readable {what} (zip entry {quote(info.filename)} claims "
+                        f"{info.file_size:,} bytes, more than the {len(data):,}-byte file holds)", p)
+    return zf
+
+
+def load_npz(path, what: str, error=InputError) -> Dict[str, "object"]:
+    """The arrays of an ``.npz`` (a golden file, observations): a regular file within the size bound,
+    stored records that fit it, loaded with ``allow_pickle=False`` (an object array is refused), only
+    numbers and strings. Any failure is ``error`` naming the file."""
+    import numpy as np
+
+    p = Path(path)
+    data = read_input_file(p, what)
+    zf = stored_zip(data, p, what, error)
+    zf.close()
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, BadZipFile... for a bad file
+        raise error(f"not a readable {what} ({type(exc).__name__}: {clip(' '.join(str(exc).split()), 100)})", p) from None
+    for k, a in arrays.items():
+        if a.dtype.kind not in "biufU":
+            raise error(f"not a readable {what} (array {quote(k, 40)} is {a.dtype}, not numbers)", p)
+    return arrays
+
+
+def _check_zip_records(data: bytes, p: Path) -> Optional[bytes]:
+    """A zip checkpoint's records must fit the file (``stored_zip``). Returns the pickle's bytes."""
+    zf = stored_zip(data, p)
+    infos = zf.infolist()
     pkl = [i for i in infos if i.filename.endswith("data.pkl")]
     if len(pkl) != 1:
         return None
