@@ -631,6 +631,18 @@ def test_8_rows_out_of_range(rows, cmd, tmp_path):
     promise(args, watch=[tmp_path], expect="--rows")
 
 
+OTHER_OPTIONS = [("batch-sizes", "--repeats", "0"), ("batch-sizes", "--sizes", "99999999"),
+                 ("batch-sizes", "--sizes", "1,x"), ("benchmark", "--iters", "0"), ("benchmark", "--warmup", "-1"),
+                 ("benchmark", "--batch", "1e9"), ("stats", "--steps", "0"), ("fingerprint", "--steps", "-1"),
+                 ("onnx-compare", "--rows", "0"), ("precision", "--rows", "70000")]
+
+
+@pytest.mark.parametrize("cmd,option,value", OTHER_OPTIONS)
+def test_8_other_counts_out_of_range(cmd, option, value, tmp_path):
+    """Every count a mode takes (sizes, repeats, iterations, steps) is bounded: one line, exit 2."""
+    promise([cmd, SMALL, option, value], watch=[tmp_path], expect=option)
+
+
 def test_8_reference_of_another_policy(tmp_path):
     """--reference of another policy (a different spec): one line, exit 2, naming the mismatch."""
     out = tmp_path / "out"

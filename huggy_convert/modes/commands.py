@@ -130,7 +130,7 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
 @click.command("batch-sizes", cls=Command)
 @source_arg
 @click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
-@click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 1 << 16), help="timed runs per size (median)")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
     """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
@@ -144,7 +144,9 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
         try:
             ns = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
-            raise InputError(f"--sizes '{sizes}' is not a comma-separated list of integers") from None
+            raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
+        if any(not 1 <= n <= MAX_ROWS for n in ns):
+            raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
         return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
 
     guarded(go, as_json)
@@ -243,8 +245,8 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(("torch", "onnxruntime")),
               help="repeatable (default: both)")
 @click.option("--batch", "batches", multiple=True, type=ROWS, help="batch sizes, repeatable (default 1 and 64)")
-@click.option("--warmup", default=10, show_default=True, type=int)
-@click.option("--iters", default=100, show_default=True, type=int)
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(0, 1 << 20))
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(1, 1 << 20))
 @_opts(dtype_opt, seed_opt, json_opt)
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
