@@ -126,6 +126,32 @@ def test_1_special_file_in_a_run_directory_is_skipped(kind, tmp_path):
     assert len(warns) == 1 and "skipped" in warns[0] and "Small-9999.pt" in warns[0], warns
 
 
+OBS_FILES = {
+    "fifo.npy": lambda p: os.mkfifo(p),
+    "dir.json": lambda p: p.mkdir(),
+    "zero.npy": lambda p: p.symlink_to("/dev/zero"),
+    "object.npz": lambda p: np.savez(p, obs_0=np.array([{"a": 1}], dtype=object)),
+    "pickle.npy": lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
+    "deep.json": lambda p: p.write_text("[" * 100000 + "]" * 100000),
+    "latin1.json": lambda p: p.write_bytes(b'{"obs_0": "\xff"}'),
+    "huge_header.npy": lambda p: p.write_bytes(b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, "
+                                               b"'shape': (1000000000000, 12), }" + b" " * 50 + b"\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OBS_FILES))
+def test_1_observation_files(name, tmp_path):
+    """``act --obs FILE`` with a file that is not a regular file, holds a pickle, or claims more than it
+    holds: one line, exit 2 (a FIFO does not hang)."""
+    p = tmp_path / name
+    OBS_FILES[name](p)
+    args = ["act", SMALL, "--obs", p]
+    if name.startswith("fifo"):
+        promise_subprocess(args, watch=[tmp_path], expect=name, timeout=60)
+    else:
+        promise(args, watch=[tmp_path], expect=name)
+
+
 # --- 2. unbounded resources ----------------------------------------------------------------------
 def _zip_claims_huge(tmp_path: Path) -> Path:
     """The checkpoint's zip with its data.pkl entry claiming 3 GiB (central directory and local header)."""

@@ -8,6 +8,7 @@ command exits 2.
 """
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
-from ..converter.checkpoint import load_npz
+from ..converter.checkpoint import load_npz, read_input_file
 from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
@@ -345,16 +346,16 @@ def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
     """.npy (rows x obs width; several observations: their concatenation), .npz (arrays by input
     name) or .json (a list of rows, or an object by input name)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError("no such observation file", p)
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
-            return _split_flat(spec, np.load(p, allow_pickle=False), p)
+            return _split_flat(spec, np.load(io.BytesIO(read_input_file(p, "observation file")), allow_pickle=False), p)
         if suffix == ".npz":
             return _named(spec, load_npz(p, "observation file"), p)
         if suffix == ".json":
-            doc = json.loads(p.read_text())
+            doc = json.loads(read_input_file(p, "observation file").decode("utf-8"))
             if isinstance(doc, dict):
                 return _named(spec, doc, p)
             return _split_flat(spec, doc, p)
