@@ -14,6 +14,12 @@ from typing import Optional, Union
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
 EXIT_BAD_INPUT = 2
+MAX_PATH_CHARS = 160  # of the file named in the one line (a 255-byte name, a deep path)
+MAX_MESSAGE_CHARS = 400  # of the reason: a message quoting the input never prints MBs
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class HuggyError(Exception):
@@ -27,8 +33,10 @@ class HuggyError(Exception):
         self.path = None if path is None else str(path)
 
     def one_line(self) -> str:
-        text = display(self.message)
-        return f"{display(self.path)}: {text}" if self.path else text
+        text = _cap(display(self.message), MAX_MESSAGE_CHARS)
+        path = None if self.path is None else _cap(display(self.path.replace("\n", "\\n").replace("\r", "\\r")),
+                                                   MAX_PATH_CHARS)
+        return f"{path}: {text}" if path else text
 
     def __str__(self) -> str:  # pragma: no cover - trivial
         return self.one_line()

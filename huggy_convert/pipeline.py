@@ -97,14 +97,13 @@ def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto])
 
 def read_reference(path: Path):
     """(the official ONNX, its sha256), the file read once."""
+    from .converter.reference import read_onnx
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise InputError("reference ONNX not found", path)
-    data = path.read_bytes()
-    try:
-        return onnx.load_model_from_string(data), hashlib.sha256(data).hexdigest()
-    except Exception as exc:
-        raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
+    model, data = read_onnx(path, "reference ONNX")
+    return model, hashlib.sha256(data).hexdigest()
 
 
 def load_reference(path: Path) -> onnx.ModelProto:

@@ -14,12 +14,14 @@ Used by the batch (every checkpoint) and the run modes (inventory, newest checkp
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple
 
 from . import contract as C
+from .converter.checkpoint import check_regular, clip, read_input_file
 from .errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
@@ -45,43 +47,91 @@ class Item:
     newest: bool = False
 
 
-def _num(v, cast):
-    try:
-        return None if v is None else cast(v)
-    except (TypeError, ValueError):
-        return None
+STATUS_MAX_BYTES = 64 << 20  # a status file lists checkpoints: a few KB; this bounds what is read
 
 
-def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
-    """Records ``{behavior, name, parent, step, reward, creation_time}`` from training_status.json."""
-    try:
-        doc = json.loads(path.read_text())
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
-        return [], f"{path}: unreadable ({' '.join(str(exc).split())[:120]}); using the file names"
+class BrokenStatus(ValueError):
+    """training_status.json is not what ML-Agents writes (the run goes on by file names)."""
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise BrokenStatus(f"the number {clip(text, 24)} is out of range")
+    return v
+
+
+def _no_constant(name: str):
+    raise BrokenStatus(f"{name} is not a number")
+
+
+def _field(e: dict, key: str, kinds, what: str):
+    v = e.get(key)
+    if v is not None and (not isinstance(v, kinds) or isinstance(v, bool)):
+        raise BrokenStatus(f"'{key}' is {clip(repr(v), 40)}, not {what}")
+    return v
+
+
+def _status_records(doc) -> List[dict]:
+    """Records ``{behavior, name, parent, step, reward, creation_time}`` of a parsed status file;
+    anything of the wrong type is a ``BrokenStatus``."""
+    if not isinstance(doc, dict):
+        raise BrokenStatus(f"a JSON {type(doc).__name__}, not an object")
     records = []
     for behavior, val in doc.items():
         if behavior == C.STATUS_METADATA or not isinstance(val, dict):
             continue
-        entries = [e for e in (val.get(C.STATUS_CHECKPOINTS) or []) if isinstance(e, dict)]
-        if isinstance(val.get(C.STATUS_FINAL), dict):
-            entries.append(val[C.STATUS_FINAL])
+        entries = _field(val, C.STATUS_CHECKPOINTS, list, "a list") or []
+        final = _field(val, C.STATUS_FINAL, dict, "an object")
+        entries = entries + ([final] if final is not None else [])
         for e in entries:
-            aux = e.get(C.STATUS_AUX_FILES) or e.get(C.STATUS_AUX_FILES_FIXED) or []
-            pts = [str(p) for p in aux if str(p).endswith(C.CHECKPOINT_SUFFIX)]
-            if not pts and e.get(C.STATUS_FILE_PATH):
-                fp = PurePosixPath(str(e[C.STATUS_FILE_PATH]).replace("\\", "/"))
-                pts = [str(fp.with_suffix(C.CHECKPOINT_SUFFIX))]
+            if not isinstance(e, dict):
+                raise BrokenStatus(f"a checkpoint entry is {clip(repr(e), 40)}, not an object")
+            aux = _field(e, C.STATUS_AUX_FILES, list, "a list") or _field(e, C.STATUS_AUX_FILES_FIXED, list, "a list") or []
+            if not all(isinstance(a, str) for a in aux):
+                raise BrokenStatus(f"'{C.STATUS_AUX_FILES}' holds {clip(repr(aux), 40)}, not file names")
+            step = _field(e, C.STATUS_STEPS, int, "an integer")
+            if step is not None and not 0 <= step < 2 ** 63:
+                raise BrokenStatus(f"'{C.STATUS_STEPS}' is {clip(str(step), 24)}, not a step")
+            reward = _field(e, C.STATUS_REWARD, (int, float), "a number")
+            created = _field(e, C.STATUS_CREATION_TIME, (int, float), "a number")
+            file_path = _field(e, C.STATUS_FILE_PATH, str, "a file name")
+            pts = [p for p in aux if p.endswith(C.CHECKPOINT_SUFFIX)]
+            if not pts and file_path:
+                pts = [str(PurePosixPath(file_path.replace("\\", "/")).with_suffix(C.CHECKPOINT_SUFFIX))]
             for p in pts:
-                pp = PurePosixPath(p.replace("\\", "/"))
-                records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name,
-                                "step": _num(e.get(C.STATUS_STEPS), int), "reward": _num(e.get(C.STATUS_REWARD), float),
-                                C.STATUS_CREATION_TIME: _num(e.get(C.STATUS_CREATION_TIME), float)})
-    return records, None
+                pp = PurePosixPath(p.replace("\\", "/"))  # a Colab /content/... or Windows C:\\... path: its base name
+                records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name, "step": step,
+                                "reward": None if reward is None else float(reward),
+                                C.STATUS_CREATION_TIME: None if created is None else float(created)})
+    return records
 
 
-def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
+def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
+    """Records of training_status.json, or none and one warning when the file is broken (unreadable,
+    not UTF-8, not JSON, nested too deeply, the wrong types, numbers out of range): the checkpoints
+    are then found by their file names."""
+    try:
+        text = read_input_file(path, STATUS_FILE.name, STATUS_MAX_BYTES).decode("utf-8")
+        records = _status_records(json.loads(text, parse_float=_finite, parse_constant=_no_constant))
+    except InputError as exc:
+        reason = exc.message
+    except UnicodeDecodeError:
+        reason = "not UTF-8"
+    except json.JSONDecodeError as exc:
+        reason = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        reason = "nested too deeply"
+    except ValueError as exc:  # BrokenStatus, or an integer too long to parse
+        reason = clip(" ".join(str(exc).split()), 120)
+    else:
+        return records, None
+    return [], f"{path}: broken {STATUS_FILE.name} ({reason}); using the file names"
+
+
+def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> List[Path]:
+    """The ``.pt`` files under ``scope``: regular files within the input size bound (a FIFO, device,
+    socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(scope):
         keep = []
@@ -90,7 +140,16 @@ def _scan(scope: Path, exclude: Optional[Path]) -> List[Path]:
                 continue
             keep.append(d)
         dirnames[:] = keep
-        found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(C.CHECKPOINT_SUFFIX) and not f.startswith(".")]
+        for f in sorted(filenames):
+            if not f.endswith(C.CHECKPOINT_SUFFIX) or f.startswith("."):
+                continue
+            p = Path(dirpath, f)
+            try:
+                check_regular(p, "checkpoint")
+            except InputError as exc:
+                warns.append(f"skipped {exc.one_line()}")
+                continue
+            found.append(p)
     return found
 
 
@@ -107,7 +166,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
     else:
         root, status = source, None
     exclude = Path(out).resolve() if out is not None else None
-    files = _scan(source, exclude)
+    files = _scan(source, exclude, warns)
     rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
     by_name: Dict[str, List[Path]] = {}
     for f in files:

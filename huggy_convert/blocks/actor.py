@@ -20,7 +20,9 @@ class Actor(Block):
             r.require(k, f"missing key '{k}': not an ML-Agents actor state dict")
         r.state["constants"] = consts = {k: r.take(k, C.c_const(k)) for k in C.CONSTANT_KEYS}
         version = consts[C.K_VERSION].reshape(-1)
-        if version.size != 1 or int(version[0]) != C.MODEL_EXPORT_VERSION:
+        if version.size == 1 and not float(version[0]).is_integer():  # NaN, Inf, 3.5: contradicts itself
+            raise r.error(f"'{C.K_VERSION}' is {version.tolist()}: an export version is an integer")
+        if version.size != 1 or float(version[0]) != C.MODEL_EXPORT_VERSION:
             raise UnsupportedError(f"not supported yet: model export version {version.tolist()} (this tool reads "
                                    f"version {C.MODEL_EXPORT_VERSION}, ML-Agents 2.x / Release 18+)", r.path)
         r.fields["algorithm"] = C.TRAINER_PPO
@@ -45,5 +47,5 @@ def check_constants(r: KeyRules, checks) -> None:
     consts = r.state["constants"]
     for key, want, what in checks:
         got = consts[key]
-        if list(np.asarray(got).reshape(-1).astype(np.int64)) != list(want):
+        if np.asarray(got, dtype=np.float64).reshape(-1).tolist() != [float(w) for w in want]:
             raise r.error(f"'{key}' says {np.asarray(got).reshape(-1).tolist()} but the {what} says {list(want)}")

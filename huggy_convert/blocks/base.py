@@ -226,9 +226,11 @@ class KeyRules:
         self.ignored[key] = why
         self.remaining.discard(key)
 
-    def take(self, key: str, canonical: str, shape: Optional[Tuple[int, ...]] = None, finite: bool = True):
+    def take(self, key: str, canonical: str, shape: Optional[Tuple[int, ...]] = None, finite: bool = True,
+             integer: bool = False):
         """Claim ``key`` as the canonical tensor ``canonical`` (float32, C order): dtype, shape and
-        finiteness checked; a non-float32 original is recorded, and must fit float32 exactly."""
+        finiteness checked (a floating-point tensor; ``integer``: an int32/int64 one also fits, e.g.
+        a step count); a non-float32 original is recorded, and must fit float32 exactly."""
         import torch
 
         if key not in self.sd:
@@ -236,14 +238,17 @@ class KeyRules:
         t = self.sd[key]
         if shape is not None and _shape(t) != tuple(shape):
             raise self.error(f"wrong shape for '{key}': {list(_shape(t))}, expected {list(shape)}")
-        if not (t.dtype.is_floating_point or t.dtype in (torch.int64, torch.int32)):
-            raise self.error(f"unexpected dtype {t.dtype} for '{key}'")
+        if not (t.dtype.is_floating_point or (integer and t.dtype in (torch.int64, torch.int32))):
+            raise self.error(f"unexpected dtype {str(t.dtype).replace('torch.', '')} for '{key}' (a "
+                             f"{'number' if integer else 'floating-point'} tensor belongs here)")
         a = t.detach().cpu().contiguous()
         a = (a.to(torch.float32) if t.dtype in (torch.bfloat16,) else a).numpy()
         if a.dtype != np.float32:
             self.original[canonical] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(_shape(t))}
             if a.dtype.kind == "f" and a.dtype.itemsize > 4:
-                if not np.array_equal(a.astype(np.float32).astype(a.dtype), a, equal_nan=True):
+                with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the error raised below
+                    round_trip = a.astype(np.float32).astype(a.dtype)
+                if not np.array_equal(round_trip, a, equal_nan=True):
                     raise self.error(f"'{key}' is {a.dtype} and does not fit float32 exactly")
             a = a.astype(np.float32)
         if finite and not np.all(np.isfinite(a)):

@@ -52,7 +52,7 @@ class Normalizer(Block):
             if steps_t.numel() != 1:
                 raise r.error(f"wrong shape for '{pre + C.NORM_STEPS}': {list(r.shape(steps_t))}, expected a scalar")
             steps_exact = steps_t.reshape(-1)[0].item()
-            r.take(pre + C.NORM_STEPS, C.c_norm(i, C.NORM_STEPS), r.shape(steps_t))
+            r.take(pre + C.NORM_STEPS, C.c_norm(i, C.NORM_STEPS), r.shape(steps_t), integer=True)
             if not steps_exact > 0:
                 raise r.error(f"'{pre + C.NORM_STEPS}' is {steps_exact}: must be > 0 (it divides the variance)")
             if isinstance(steps_exact, int) and steps_exact >= C.FLOAT32_EXACT_INT_LIMIT:

@@ -4,9 +4,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import pickle
 import pickletools
-import re
+import stat
+import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -39,30 +41,177 @@ class Checkpoint:
 
 _PICKLE_OPCODES = {ord(op.code): op.name for op in pickletools.opcodes}
 
+# The opcodes torch's weights-only unpickler implements (torch/_weights_only_unpickler.py): any other
+# opcode in a checkpoint's pickle is refused by it.
+_WEIGHTS_ONLY_OPCODES = frozenset((
+    "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK", "TUPLE",
+    "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT",
+    "EMPTY_SET", "BININT", "BININT1", "BININT2", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID",
+    "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT", "LONG1", "PROTO", "STOP"))
+_TENSOR_MODULES = ("torch", "collections")  # what a checkpoint's GLOBALs name (tensor rebuilds, OrderedDict)
 
-def _describe_load_failure(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    bad_op = re.search(r"Unsupported operand (\d+)", text)
-    if bad_op:
-        code = int(bad_op.group(1))
-        if code not in _PICKLE_OPCODES:  # not an opcode at all: damaged bytes, not a pickle asking for code
+# The size bound of any input file (a checkpoint, a policy, an ONNX, a golden file): Huggy's checkpoint
+# is 13.5 MB with its optimizer state; 4 GiB is far beyond any ML-Agents actor, and bounds what is read.
+MAX_INPUT_BYTES = 4 << 30
+MAX_QUOTE = 80  # characters of the input quoted in a message
+
+
+def clip(text: str, limit: int = MAX_QUOTE) -> str:
+    """``text`` capped at ``limit`` characters: a message quoting the input never prints MBs."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def quote(value, limit: int = MAX_QUOTE) -> str:
+    """``value``'s repr, capped (``clip``)."""
+    return clip(repr(value), limit)
+
+
+def _file_kind(mode: int) -> Optional[str]:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "special file"
+
+
+def _check_regular(st: os.stat_result, p: Path, what: str, limit: int) -> None:
+    kind = _file_kind(st.st_mode)
+    if kind is not None:
+        raise InputError(f"is a {kind}, not a {what} file (regular files only)", p)
+    if st.st_size > limit:
+        raise InputError(f"too large for a {what}: {st.st_size:,} bytes, over the {limit / 2 ** 30:g} GiB bound "
+                         "on input files", p)
+
+
+def check_regular(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> None:
+    """``path`` (links followed) is a regular file of at most ``limit`` bytes (``InputError`` otherwise)."""
+    p = Path(path)
+    try:
+        _check_regular(os.stat(p), p, what, limit)
+    except FileNotFoundError:
+        raise InputError("no such file", p) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the {what} ({exc.strerror or type(exc).__name__})", p) from None
+
+
+def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them: its type and size are checked
+    with ``os.stat`` before it is opened, and again on the open descriptor (opened non-blocking, so a
+    FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread."""
+    p = Path(path)
+    check_regular(p, what, limit)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise InputError("no such file", p) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the {what} ({exc.strerror or type(exc).__name__})", p) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            _check_regular(os.fstat(f.fileno()), p, what, limit)
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read the {what} ({exc.strerror or type(exc).__name__})", p) from None
+    if len(data) > limit:
+        raise InputError(f"too large for a {what}: over the {limit / 2 ** 30:g} GiB bound on input files", p)
+    return data
+
+
+def stored_zip(data: bytes, p: Path, what: str = "torch checkpoint", error=CheckpointError) -> zipfile.ZipFile:
+    """``data`` as a zip whose records fit the file: stored (torch and ``np.savez`` write no compressed
+    entry), each no larger than the file and all together no larger than it, so reading them never
+    takes more memory than the file's real size (``error`` otherwise)."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+        infos = zf.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
+        raise error(f"not a readable {what} (damaged or truncated zip: {type(exc).__name__})", p) from None
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise error(f"not a readable {what} (zip entry {quote(info.filename)} is compressed; "
+                        "only stored entries are read)", p)
+        total += info.file_size
+        if info.file_size > len(data) or total > len(data):
+            raise error(f"not a readable {what} (zip entry {quote(info.filename)} claims "
+                        f"{info.file_size:,} bytes, more than the {len(data):,}-byte file holds)", p)
+    return zf
+
+
+def load_npz(path, what: str, error=InputError) -> Dict[str, "object"]:
+    """The arrays of an ``.npz`` (a golden file, observations): a regular file within the size bound,
+    stored records that fit it, loaded with ``allow_pickle=False`` (an object array is refused), only
+    numbers and strings. Any failure is ``error`` naming the file."""
+    import numpy as np
+
+    p = Path(path)
+    data = read_input_file(p, what)
+    zf = stored_zip(data, p, what, error)
+    zf.close()
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, BadZipFile... for a bad file
+        raise error(f"not a readable {what} ({type(exc).__name__}: {clip(' '.join(str(exc).split()), 100)})", p) from None
+    for k, a in arrays.items():
+        if a.dtype.kind not in "biufU":
+            raise error(f"not a readable {what} (array {quote(k, 40)} is {a.dtype}, not numbers)", p)
+    return arrays
+
+
+def _check_zip_records(data: bytes, p: Path) -> Optional[bytes]:
+    """A zip checkpoint's records must fit the file (``stored_zip``). Returns the pickle's bytes."""
+    zf = stored_zip(data, p)
+    infos = zf.infolist()
+    pkl = [i for i in infos if i.filename.endswith("data.pkl")]
+    if len(pkl) != 1:
+        return None
+    try:
+        return zf.read(pkl[0])
+    except Exception:  # a damaged record: torch's loader says so below
+        return None
+
+
+def _pickle_problem(pickle_bytes: bytes) -> Optional[str]:
+    """What in the pickle torch's weights-only loader refuses, found by walking its opcodes
+    (``pickletools.genops``): a byte that is no opcode, an opcode it does not implement, or a GLOBAL
+    outside torch's tensor rebuilds. ``None`` when the pickle holds nothing it refuses."""
+    f = io.BytesIO(pickle_bytes)
+    try:
+        for op, arg, _pos in pickletools.genops(f):
+            if op.name not in _WEIGHTS_ONLY_OPCODES:
+                return (f"refused to load: the pickle uses opcode {op.name}, which loading with "
+                        "weights_only=True does not allow")
+            if op.name == "GLOBAL" and str(arg).split(".")[0].split(" ")[0] not in _TENSOR_MODULES:
+                return (f"refused to load: the pickle asks for more than tensors (GLOBAL {quote(str(arg))}); "
+                        "a checkpoint must load with weights_only=True")
+    except ValueError:  # genops stopped: the byte it just read is no opcode, or an argument is cut short
+        at = f.tell() - 1
+        code = pickle_bytes[at] if 0 <= at < len(pickle_bytes) else None
+        if code is not None and code not in _PICKLE_OPCODES:
             return f"not a readable torch checkpoint (not a valid pickle: byte 0x{code:02x} is no pickle opcode)"
-        return (f"refused to load: the pickle uses opcode {_PICKLE_OPCODES[code]}, which loading with "
-                "weights_only=True does not allow")
-    if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in text:
-        # torch's message names the global the pickle asked for; keep just that part.
-        detail = text
-        for marker in ("Unsupported global:", "Unsupported operand", "GLOBAL"):
-            i = text.find(marker)
-            if i >= 0:
-                detail = text[i:].split(" Check the documentation")[0].split(". ")[0][:120]
-                break
-        return f"refused to load: the pickle asks for more than tensors ({detail}); a checkpoint must load with weights_only=True"
-    if isinstance(exc, zipfile.BadZipFile) or "zip" in text.lower() or "central directory" in text.lower():
-        return f"not a readable torch checkpoint (damaged or truncated zip: {text[:160]})"
+        return "not a readable torch checkpoint (not a valid pickle: it ends inside an opcode's argument)"
+    return None
+
+
+def _describe_load_failure(exc: BaseException, pickle_bytes: Optional[bytes]) -> str:
+    """Why torch's weights-only loader refused the file: from the pickle itself where it says, else
+    from the exception's type (never from the text of torch's message)."""
+    problem = _pickle_problem(pickle_bytes) if pickle_bytes is not None else None
+    if problem:
+        return problem
+    if isinstance(exc, pickle.UnpicklingError):
+        return ("refused to load: the pickle asks for more than tensors; a checkpoint must load with "
+                "weights_only=True")
+    if isinstance(exc, zipfile.BadZipFile):
+        return "not a readable torch checkpoint (damaged or truncated zip)"
     if isinstance(exc, EOFError):
         return "not a readable torch checkpoint (file ends too early: truncated?)"
-    return f"not a readable torch checkpoint ({type(exc).__name__}: {text[:160]})"
+    if isinstance(exc, MemoryError):
+        return "not a readable torch checkpoint (too large to load)"
+    return f"not a readable torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
 
 
 def torch_load_weights_only(data: bytes):
@@ -84,41 +233,71 @@ def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = 
 
     p = Path(path)
     if data is None:
-        if not p.exists():
-            raise InputError("no such file", p)
-        if p.is_dir():
-            raise InputError("is a directory, not a checkpoint file", p)
-        with open(p, "rb") as f:
-            data = f.read()
+        data = read_input_file(p, "checkpoint")
     if not data:
         raise CheckpointError("empty file, not a torch checkpoint", p)
     if data[:4] != b"PK\x03\x04" and data[:1] != b"\x80":
         raise CheckpointError(f"not a readable torch checkpoint (neither a zip archive nor a pickle; "
                               f"starts with bytes {data[:4].hex(' ')})", p)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"too large for a checkpoint: over the {MAX_INPUT_BYTES / 2 ** 30:g} GiB bound on input files", p)
+    pickle_bytes = _check_zip_records(data, p) if data[:2] == b"PK" else data
     digest = sha256 or hashlib.sha256(data).hexdigest()
+    size = len(data)
     try:
         with warnings.catch_warnings() if quiet_warnings else contextlib.nullcontext():
             if quiet_warnings:  # torch's own warnings would break the one-line error
                 warnings.simplefilter("ignore")
             obj = torch_load_weights_only(data)
     except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
-        raise CheckpointError(_describe_load_failure(exc), p) from None
-    del data
+        raise CheckpointError(_describe_load_failure(exc, pickle_bytes), p) from None
+    del data, pickle_bytes
     if isinstance(obj, torch.Tensor):
         raise CheckpointError("holds a bare tensor, not an ML-Agents checkpoint (a dict with a 'Policy' state dict)", p)
     if not isinstance(obj, dict):
         raise CheckpointError(f"holds a {type(obj).__name__}, not an ML-Agents checkpoint dict", p)
-    top = [str(k) for k in obj.keys()]
+    top = [k if isinstance(k, str) else repr(k) for k in obj.keys()]
     if C.CKPT_POLICY not in obj:
-        shown = ", ".join(top[:6]) + (" ..." if len(top) > 6 else "")
+        shown = ", ".join(quote(k, 40) for k in top[:6]) + (" ..." if len(top) > 6 else "")
         raise CheckpointError(f"no '{C.CKPT_POLICY}' state dict: not an ML-Agents checkpoint (top-level keys: {shown or 'none'})", p)
     policy = obj[C.CKPT_POLICY]
     if not isinstance(policy, dict) or not all(isinstance(v, torch.Tensor) for v in policy.values()):
         raise CheckpointError(f"'{C.CKPT_POLICY}' is not a state dict of tensors", p)
-    step = None
+    for k, t in policy.items():
+        _check_tensor(k, t, size, p)
+    return Checkpoint(path=p, sha256=digest, policy=dict(policy), global_step=_global_step(obj, size, p), top_keys=top)
+
+
+def _check_tensor(key, t, size: int, p: Path) -> None:
+    """A ``Policy`` entry: a str key, a dense (strided) tensor on the CPU whose elements the file really
+    holds (a stride-0 or huge-extent view is refused before anything is materialised)."""
+    import torch
+
+    if not isinstance(key, str):
+        raise CheckpointError(f"'{C.CKPT_POLICY}' has the key {quote(key)} ({type(key).__name__}), not a str", p)
+    if t.layout != torch.strided:
+        raise CheckpointError(f"'{clip(key)}' is a sparse tensor ({str(t.layout).replace('torch.', '')}); "
+                              "a checkpoint holds dense tensors", p)
+    if t.numel() * t.element_size() > size:
+        raise CheckpointError(f"'{clip(key)}' claims {t.numel():,} elements "
+                              f"({list(t.shape)[:8]}), more than the {size:,}-byte file holds", p)
+
+
+def _global_step(obj: dict, size: int, p: Path) -> Optional[int]:
+    """The training step, an integer in [0, 2^63): NaN, Inf, complex, fractional or huge is an error."""
+    import torch
+
     gs = obj.get(C.CKPT_GLOBAL_STEP)
-    if isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor):
-        t = gs[C.GLOBAL_STEP_KEY]
-        if t.numel() == 1:
-            step = int(t.reshape(-1)[0].item())
-    return Checkpoint(path=p, sha256=digest, policy=dict(policy), global_step=step, top_keys=top)
+    if not (isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor)):
+        return None
+    t = gs[C.GLOBAL_STEP_KEY]
+    _check_tensor(C.GLOBAL_STEP_KEY, t, size, p)
+    if t.numel() != 1:
+        return None
+    v = t.reshape(-1)[0]
+    if t.dtype.is_complex or t.dtype == torch.bool:
+        raise CheckpointError(f"'{C.CKPT_GLOBAL_STEP}' is {str(t.dtype).replace('torch.', '')}, not an integer step", p)
+    x = float(v.item()) if t.dtype.is_floating_point else int(v.item())
+    if not (isinstance(x, int) or (x == x and abs(x) != float("inf") and x.is_integer())) or not 0 <= x < 2 ** 63:
+        raise CheckpointError(f"'{C.CKPT_GLOBAL_STEP}' is {quote(x)}, not a step (an integer in 0..2^63-1)", p)
+    return int(x)

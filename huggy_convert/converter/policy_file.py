@@ -26,7 +26,8 @@ import numpy as np
 
 from .. import __version__
 from .. import contract as C
-from ..errors import PolicyFileError, from_os_error, utf8_name
+from ..errors import HuggyError, PolicyFileError, SpecError, from_os_error, utf8_name
+from .checkpoint import clip
 from .spec import PolicySpec
 
 
@@ -169,6 +170,60 @@ def _header(data: bytes) -> Dict[str, str]:
     return dict(md)
 
 
+def _json_map(md: Dict[str, str], key: str, p) -> dict:
+    """Metadata ``key`` parsed: a JSON object (a ``PolicyFileError`` otherwise)."""
+    try:
+        v = json.loads(md.get(key, "{}"))
+    except (ValueError, RecursionError):
+        v = None
+    if not isinstance(v, dict):
+        raise PolicyFileError(f"damaged metadata: '{key}' is not a JSON object", p)
+    return v
+
+
+def _check_exact_steps(md: Dict[str, str], tensors: Dict[str, np.ndarray], p) -> None:
+    """``normalizer_exact_steps``: canonical step tensors -> their exact count (a decimal string that
+    rounds to the float32 tensor)."""
+    for k, v in _json_map(md, "normalizer_exact_steps", p).items():
+        ok = k in tensors and isinstance(v, str) and v.isdigit() and len(v) <= 19
+        if ok:
+            ok = 0 < int(v) < 2 ** 63 and np.float32(int(v)) == np.asarray(tensors[k]).reshape(-1)[:1].astype(np.float32)
+        if not ok:
+            raise PolicyFileError(f"damaged metadata: 'normalizer_exact_steps' has {clip(repr(k), 60)}: "
+                                  f"{clip(repr(v), 40)}, not the exact count of a step tensor", p)
+
+
+def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Dict, p) -> None:
+    """The tensors are the spec's: the same key rules that wrote the file (``converter.mapping``) run
+    on its tensors under their ML-Agents names (``sources``) and must find this very spec; the
+    divisors have the observations' widths; no other tensor is in the file."""
+    import torch
+
+    from .mapping import map_policy
+
+    sd = {}
+    for canonical, key in sources.items():
+        if not isinstance(key, str):
+            raise PolicyFileError(f"damaged metadata: 'sources' maps {clip(repr(canonical), 60)} to a {type(key).__name__}", p)
+        if canonical not in tensors:
+            raise PolicyFileError(f"missing tensor {clip(repr(canonical), 60)} (its metadata lists it)", p)
+        sd[key] = torch.from_numpy(np.ascontiguousarray(tensors[canonical]))
+    try:
+        mapped = map_policy(sd, obs_sizes=spec.obs_sizes)
+    except HuggyError as exc:
+        raise PolicyFileError(f"tensors do not match the spec metadata: {exc.message}", p) from None
+    if mapped.spec != spec:
+        raise PolicyFileError(f"tensors do not match the spec metadata: they are a {mapped.spec.family}, the spec "
+                              f"says {spec.family}", p)
+    divisors = {C.c_divisor(i): n for i, n in enumerate(spec.obs_sizes)} if spec.normalize else {}
+    for name, n in divisors.items():
+        if name in tensors and tensors[name].shape != (n,):
+            raise PolicyFileError(f"wrong shape for tensor '{name}': {list(tensors[name].shape)}, expected [{n}]", p)
+    extra = sorted(set(tensors) - set(sources) - set(divisors))
+    if extra:
+        raise PolicyFileError(f"unexpected tensor {clip(repr(extra[0]), 60)} (not in its metadata's sources)", p)
+
+
 def loads(data: bytes, path=None) -> Policy:
     """A canonical policy from the file's bytes (``path`` names the file in errors)."""
     import safetensors.numpy as stnp
@@ -184,11 +239,18 @@ def loads(data: bytes, path=None) -> Policy:
     if md.get("format_version") not in C.FORMAT_VERSIONS_READ:
         raise PolicyFileError(f"policy format version {md.get('format_version')!r}, this tool reads "
                               f"{', '.join(C.FORMAT_VERSIONS_READ)}", p)
+    if "spec" not in md:
+        raise PolicyFileError("damaged metadata (no 'spec')", p)
     try:
         spec = PolicySpec.from_json(md["spec"])
-        sources = json.loads(md.get("sources", "{}"))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise PolicyFileError(f"damaged metadata ({exc})", p) from None
+    except SpecError as exc:
+        raise PolicyFileError(f"damaged spec metadata: {exc.message}", p) from None
+    sources = _json_map(md, "sources", p)
+    for key in ("ignored_keys", "original_dtypes", "normalizer_exact_steps", C.MD_DIVISOR):
+        if key in md:
+            _json_map(md, key, p)
+    _check_exact_steps(md, tensors, p)
+    _check_tensors(spec, tensors, sources, p)
     policy = Policy(spec=spec, tensors=tensors, sources=sources, metadata=md)
     if not spec.normalize:
         return policy

@@ -107,6 +107,36 @@ def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
             for i in range(len(policy.spec.obs_sizes))} if policy.spec.normalize else {}
 
 
+def _fixed_dims(dims) -> Tuple:
+    return tuple(d if isinstance(d, int) else None for d in dims)[1:]
+
+
+def check_same_policy(spec, official, reference_name: Optional[str] = None) -> None:
+    """The official ONNX is this policy's: each of its inputs is one of the spec's, with the same
+    fixed dims, and it takes every observation the spec has (``InputError`` naming the mismatch)."""
+    ours = {p.name: _fixed_dims(p.dims) for p in spec.io_signature().inputs}
+    inits = {t.name for t in official.graph.initializer}
+    theirs = {}
+    for i in official.graph.input:
+        if i.name in inits:
+            continue
+        theirs[i.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                               for d in i.type.tensor_type.shape.dim)[1:]
+    shown = ", ".join(f"{n} {list(d)}" for n, d in ours.items())
+    for name, dims in theirs.items():
+        if name not in ours:
+            raise InputError(f"another policy: its input {name[:40]!r} is not one of this checkpoint's ({shown})",
+                             reference_name)
+        if len(dims) != len(ours[name]) or any(a is not None and b is not None and a != b
+                                               for a, b in zip(dims, ours[name])):
+            raise InputError(f"another policy: its input {name!r} is {list(dims)[:8]}, this checkpoint's is "
+                             f"{list(ours[name])}", reference_name)
+    for i in range(len(spec.obs_sizes)):
+        name = C.OBS_INPUT.format(i=i)
+        if name not in theirs:
+            raise InputError(f"another policy: it has no input {name!r} (this checkpoint's: {shown})", reference_name)
+
+
 def reconcile_divisors(policy, official=None, mode: str = "auto", reference_name: Optional[str] = None,
                        reference_sha256: Optional[str] = None) -> Tuple[object, Dict[str, object]]:
     """(policy whose ``obs.{i}.normalizer.divisor`` tensors are the ones to export, the decision).
@@ -118,6 +148,8 @@ def reconcile_divisors(policy, official=None, mode: str = "auto", reference_name
     if mode not in C.DIVISOR_MODES:
         raise InputError(f"--divisor {mode!r}: choose one of {', '.join(C.DIVISOR_MODES)}")
     spec = policy.spec
+    if official is not None:
+        check_same_policy(spec, official, reference_name)
     decision: Dict[str, object] = {"mode": mode, "source": "ieee" if spec.normalize else "none"}
     ieee = policy_ieee_divisors(policy)
     tensors = dict(policy.tensors)
@@ -179,3 +211,52 @@ def describe(decision: Dict[str, object]) -> str:
                     "(folded by a sqrt that is not correctly rounded: MKL's generic or AVX-512 path)")
         return f"IEEE, equal to the official's on all {total} elements"
     return "IEEE (correctly rounded float32 division, then sqrt)"
+
+
+ONNX_MIN_OPSET = 7  # the oldest opset a Unity runtime imports (Sentis 7-15, Barracuda 9)
+
+
+def read_onnx(path, what: str = "ONNX model"):
+    """An ONNX model file read and validated: a regular file within the size bound
+    (``checkpoint.read_input_file``), a protobuf ``onnx`` parses, ``onnx.checker.check_model``
+    with ``full_check=True`` (a cycle, a missing initializer, an IR version or opset it does not
+    know, a type error: all refused), a default-domain opset Unity imports, and an ML-Agents policy's
+    ``obs_0`` float input of a width in 1..``spec.MAX_WIDTH``. Returns (model, the file's bytes)."""
+    import onnx
+
+    from .checkpoint import clip, read_input_file
+    from .spec import MAX_WIDTH
+
+    data = read_input_file(path, what)
+    if not data:
+        raise InputError(f"empty file, not an {what}", path)
+    try:
+        m = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf's DecodeError and friends: not an ONNX file
+        raise InputError(f"not a readable ONNX model ({type(exc).__name__})", path) from None
+    try:
+        onnx.checker.check_model(m, full_check=True)
+    except Exception as exc:  # onnx.checker.ValidationError, onnx.shape_inference.InferenceError
+        first = " ".join(str(exc).split())
+        raise InputError(f"not a valid ONNX model (onnx.checker: {clip(first, 160)})", path) from None
+    opset = {o.domain or "": o.version for o in m.opset_import}.get("", 0)
+    if opset < ONNX_MIN_OPSET:
+        raise InputError(f"ONNX opset {opset}: an ML-Agents policy is opset {ONNX_MIN_OPSET} or newer", path)
+    obs = C.OBS_INPUT.format(i=0)
+    inputs = {i.name: i for i in m.graph.input}
+    if not m.graph.node or obs not in inputs:
+        raise InputError(f"not an ML-Agents policy ONNX (no '{obs}' input)", path)
+    init_names = {t.name for t in m.graph.initializer}
+    for name, i in inputs.items():
+        if name in init_names:
+            continue
+        t = i.type.tensor_type
+        if t.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+            raise InputError(f"input {clip(repr(name), 40)} is of type "
+                             f"{onnx.TensorProto.DataType.Name(t.elem_type) if t.elem_type in onnx.TensorProto.DataType.values() else t.elem_type}, "
+                             "not float: not an ML-Agents policy ONNX", path)
+        dims = [d.dim_value for d in t.shape.dim[1:] if d.HasField("dim_value")]
+        if any(not 1 <= d <= MAX_WIDTH for d in dims):
+            raise InputError(f"input {clip(repr(name), 40)} has the dims {clip(str(dims), 60)}: an observation "
+                             f"width is 1..{MAX_WIDTH}", path)
+    return m, data

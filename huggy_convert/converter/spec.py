@@ -2,14 +2,31 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Tuple
 
 from .. import blocks
 from .. import contract as C
+from ..errors import SpecError
 
 PPO = C.TRAINER_PPO
 SAC = C.TRAINER_SAC
+ACTIVATIONS = ("swish",)
+MAX_WIDTH = 1 << 20  # any width (an observation, the hidden layer, an action head, the memory): far past any actor
+MAX_LAYERS = 64
+
+
+def _count(name: str, v, lo: int, hi: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:39] + "…"
+        raise SpecError(f"spec field '{name}' is {shown}, not an integer in {lo}..{hi}")
+
+
+def _counts(name: str, v, lo: int, hi: int, min_len: int) -> None:
+    if not isinstance(v, (tuple, list)) or not min_len <= len(v) <= 64:
+        raise SpecError(f"spec field '{name}' is not a list of {min_len}..64 integers")
+    for x in v:
+        _count(name, x, lo, hi)
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,28 @@ class PolicySpec:
     memory_size: int = 0
     activation: str = "swish"
     notes: Tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        """A spec describes a policy that can exist: every field of its type and in its range (a
+        ``SpecError`` naming the field otherwise; a file's metadata is never trusted unchecked)."""
+        if self.algorithm not in (PPO, SAC):
+            raise SpecError(f"spec field 'algorithm' is {str(self.algorithm)[:40]!r}, not {PPO!r} or {SAC!r}")
+        _counts("obs_sizes", self.obs_sizes, 1, MAX_WIDTH, 1)
+        if not isinstance(self.normalize, bool):
+            raise SpecError("spec field 'normalize' is not true or false")
+        _count("hidden_units", self.hidden_units, 1, MAX_WIDTH)
+        _count("num_layers", self.num_layers, 1, MAX_LAYERS)
+        _count("continuous_size", self.continuous_size, 0, MAX_WIDTH)
+        _counts("discrete_branches", self.discrete_branches, 1, MAX_WIDTH, 0)
+        _count("memory_size", self.memory_size, 0, MAX_WIDTH)
+        if self.memory_size % 2:
+            raise SpecError(f"spec field 'memory_size' is {self.memory_size}: an LSTM memory is even (cell + hidden)")
+        if not self.continuous_size and not self.discrete_branches:
+            raise SpecError("spec has no action head (continuous_size 0, no discrete branches)")
+        if self.activation not in ACTIVATIONS:
+            raise SpecError(f"spec field 'activation' is {str(self.activation)[:40]!r}, not one of {', '.join(ACTIVATIONS)}")
+        if not isinstance(self.notes, (tuple, list)) or not all(isinstance(n, str) for n in self.notes):
+            raise SpecError("spec field 'notes' is not a list of strings")
 
     @property
     def obs_total(self) -> int:
@@ -100,8 +139,22 @@ class PolicySpec:
 
     @classmethod
     def from_json(cls, text: str) -> "PolicySpec":
-        d: Dict = json.loads(text)
-        d["obs_sizes"] = tuple(d["obs_sizes"])
-        d["discrete_branches"] = tuple(d.get("discrete_branches", ()))
-        d["notes"] = tuple(d.get("notes", ()))
+        """The spec a file's metadata states, checked field by field (``SpecError`` otherwise)."""
+        try:
+            d = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise SpecError(f"spec is not JSON ({type(exc).__name__})") from None
+        if not isinstance(d, dict):
+            raise SpecError(f"spec is a JSON {type(d).__name__}, not an object")
+        names = {f.name for f in fields(cls)}
+        extra = sorted(set(d) - names)
+        if extra:
+            raise SpecError(f"spec has the unknown field {extra[0][:40]!r}")
+        missing = [n for n in ("algorithm", "obs_sizes", "normalize", "hidden_units", "num_layers", "continuous_size")
+                   if n not in d]
+        if missing:
+            raise SpecError(f"spec has no field '{missing[0]}'")
+        for k in ("obs_sizes", "discrete_branches", "notes"):
+            if isinstance(d.get(k), list):
+                d[k] = tuple(d[k])
         return cls(**d)

@@ -12,6 +12,28 @@ from .. import contract as C
 from ..errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
 from .sources import DTYPES
 
+MAX_ROWS = 1 << 16  # rows of generated observations: Huggy's 512-wide body takes ~130 MB per layer at this bound
+ROWS = click.IntRange(1, MAX_ROWS)
+STEPS = click.IntRange(1, 1 << 20)
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error shown as the README promises: one line ``huggy-convert: error: <reason>``."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"huggy-convert: error: {' '.join(self.format_message().split())[:400]}", err=True)
+
+
+class Command(click.Command):
+    """A mode's command: a bad option (``--rows 1e9``) ends in one line, exit 2."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise OneLineUsageError(exc.format_message(), ctx) from None
+
+
 DEVICE_HELP = "cpu, cuda[:i], npu[:i] or auto (npu, then cuda, then cpu)"
 RUNTIMES = ("auto", "torch", "onnxruntime")
 
@@ -56,7 +78,7 @@ obs_opt = click.option("--obs", default="random", show_default=True, metavar="ra
                             ".npy (rows x obs width), .npz / .json object by input name ("
                             f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, {C.ACTION_MASKS}, {C.RECURRENT_IN}), "
                             ".json list of rows")
-rows_opt = click.option("--rows", default=1, show_default=True, type=int, help="rows of generated observations")
+rows_opt = click.option("--rows", default=1, show_default=True, type=ROWS, help="rows of generated observations")
 
 SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."
 
@@ -67,7 +89,7 @@ def _load(source):
     return load_source(source)
 
 
-@click.command("info")
+@click.command("info", cls=Command)
 @source_arg
 @click.option("--device", default="auto", show_default=True, metavar="DEV", help=DEVICE_HELP)
 @dtype_opt
@@ -81,7 +103,7 @@ def info_cmd(source, device, dtype, as_json):
     guarded(lambda: info(source, device=device, dtype=dtype), as_json)
 
 
-@click.command("act")
+@click.command("act", cls=Command)
 @source_arg
 @_opts(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
@@ -91,7 +113,7 @@ def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
     guarded(lambda: act(_load(source), device, dtype, runtime, obs, rows, seed), as_json)
 
 
-@click.command("sample")
+@click.command("sample", cls=Command)
 @source_arg
 @_opts(obs_opt, rows_opt)
 @click.option("--seed", default=0, show_default=True, type=int, help="noise seed (drawn on the CPU: the same on every device)")
@@ -105,10 +127,10 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
     guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
 
 
-@click.command("batch-sizes")
+@click.command("batch-sizes", cls=Command)
 @source_arg
 @click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
-@click.option("--repeats", default=5, show_default=True, type=int, help="timed runs per size (median)")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 1 << 16), help="timed runs per size (median)")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
     """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
@@ -122,18 +144,20 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
         try:
             ns = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
-            raise InputError(f"--sizes '{sizes}' is not a comma-separated list of integers") from None
+            raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
+        if any(not 1 <= n <= MAX_ROWS for n in ns):
+            raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
         return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
 
     guarded(go, as_json)
 
 
-@click.command("precision")
+@click.command("precision", cls=Command)
 @source_arg
 @devices_opt
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="repeatable (default: float32, float16, bfloat16)")
-@click.option("--rows", default=64, show_default=True, type=int, help="probe rows")
+@click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows")
 @_opts(seed_opt, runtime_opt, json_opt)
 def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
@@ -145,9 +169,9 @@ def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
             as_json)
 
 
-@click.command("onnx-compare")
+@click.command("onnx-compare", cls=Command)
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="SOURCE [ONNX]...")
-@click.option("--rows", multiple=True, type=int, help="probe batch sizes, repeatable (default 64)")
+@click.option("--rows", multiple=True, type=ROWS, help="probe batch sizes, repeatable (default 64)")
 @click.option("--bitwise", is_flag=True, help="require bitwise equality on every float output (default: verify's rule, bitwise except "
               "where the divisors differ by 1 ulp by request: then the derived float32 bound)")
 @click.option("--device", default="cpu", show_default=True, metavar="DEV", help="onnxruntime device (cpu, cuda EP)")
@@ -169,9 +193,9 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
     guarded(go, as_json)
 
 
-@click.command("fingerprint")
+@click.command("fingerprint", cls=Command)
 @source_arg
-@click.option("--steps", multiple=True, type=int, help="sequence lengths, repeatable (default 64 and 128)")
+@click.option("--steps", multiple=True, type=STEPS, help="sequence lengths, repeatable (default 64 and 128)")
 @click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order, or "
               "their first 8+ hex digits as the verify tree prints them; exit 1 on a mismatch")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
@@ -184,10 +208,10 @@ def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json
     guarded(lambda: fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect)), as_json)
 
 
-@click.command("stats")
+@click.command("stats", cls=Command)
 @source_arg
-@click.option("--steps", default=256, show_default=True, type=int, help="rollout length")
-@click.option("--rows", default=8, show_default=True, type=int, help="parallel rollouts")
+@click.option("--steps", default=256, show_default=True, type=STEPS, help="rollout length")
+@click.option("--rows", default=8, show_default=True, type=ROWS, help="parallel rollouts")
 @click.option("--stochastic", is_flag=True, help="sampled actions (noise seed = seed + 1 + t) instead of deterministic")
 @_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_json):
@@ -215,14 +239,14 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
     guarded(go, as_json)
 
 
-@click.command("benchmark")
+@click.command("benchmark", cls=Command)
 @source_arg
 @devices_opt
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(("torch", "onnxruntime")),
               help="repeatable (default: both)")
-@click.option("--batch", "batches", multiple=True, type=int, help="batch sizes, repeatable (default 1 and 64)")
-@click.option("--warmup", default=10, show_default=True, type=int)
-@click.option("--iters", default=100, show_default=True, type=int)
+@click.option("--batch", "batches", multiple=True, type=ROWS, help="batch sizes, repeatable (default 1 and 64)")
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(0, 1 << 20))
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(1, 1 << 20))
 @_opts(dtype_opt, seed_opt, json_opt)
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
@@ -233,13 +257,13 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed
                               dtype, warmup, iters, seed), as_json)
 
 
-@click.command("export")
+@click.command("export", cls=Command)
 @source_arg
 @click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
               show_default=True, help="9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 (CANN 5/6), 9-18 (CANN 7)")
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
-@click.option("--rows", default=64, show_default=True, type=int, help="probe rows for the reference check")
+@click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows for the reference check")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
 @_opts(seed_opt, device_opt, dtype_opt, json_opt)
@@ -253,7 +277,7 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
     guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference), as_json)
 
 
-@click.command("matrix")
+@click.command("matrix", cls=Command)
 @click.argument("source", required=False, type=click.Path(path_type=Path), metavar="[CKPT|RUN_DIR]")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("huggy-matrix"), show_default=True,
               help="folder for matrix.log, matrix.json and the files the cases write")

@@ -8,6 +8,7 @@ command exits 2.
 """
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ import numpy as np
 
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
+from ..converter.checkpoint import load_npz, read_input_file
+from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
@@ -62,18 +65,8 @@ def run_inventory(run_dir) -> Dict[str, object]:
 
 # --- ONNX reading ------------------------------------------------------------------------
 def load_onnx(path):
-    import onnx
-
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such file" if not p.exists() else "not a file", p)
-    try:
-        m = onnx.load(str(p))
-    except Exception as exc:
-        raise InputError(f"not a readable ONNX model ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})", p) from None
-    if not m.graph.node or not any(i.name == C.OBS_INPUT.format(i=0) for i in m.graph.input):
-        raise InputError(f"not an ML-Agents policy ONNX (no '{C.OBS_INPUT.format(i=0)}' input)", p)
-    return m
+    """An ML-Agents policy ONNX, read and validated (``converter.reference.read_onnx``)."""
+    return read_onnx(path)[0]
 
 
 class OnnxView:
@@ -353,17 +346,16 @@ def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
     """.npy (rows x obs width; several observations: their concatenation), .npz (arrays by input
     name) or .json (a list of rows, or an object by input name)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError("no such observation file", p)
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
-            return _split_flat(spec, np.load(p, allow_pickle=False), p)
+            return _split_flat(spec, np.load(io.BytesIO(read_input_file(p, "observation file")), allow_pickle=False), p)
         if suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                return _named(spec, {k: z[k] for k in z.files}, p)
+            return _named(spec, load_npz(p, "observation file"), p)
         if suffix == ".json":
-            doc = json.loads(p.read_text())
+            doc = json.loads(read_input_file(p, "observation file").decode("utf-8"))
             if isinstance(doc, dict):
                 return _named(spec, doc, p)
             return _split_flat(spec, doc, p)

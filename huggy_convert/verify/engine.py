@@ -15,6 +15,7 @@ from .. import __version__
 from .. import contract as C
 from ..artifacts import BUILT, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
 from ..converter import Checkpoint, Policy, atomic_write_bytes
+from ..converter.checkpoint import load_npz
 from ..errors import HuggyError
 from ..exporters.pt2 import EXPORT_GATE
 from ..exporters.devices import available_devices, device_name
@@ -63,8 +64,8 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
 
 
 def load_golden(path) -> Dict[str, Dict[str, np.ndarray]]:
-    with np.load(path) as z:
-        d = {k: z[k] for k in z.files}
+    """A golden file's arrays (``converter.checkpoint.load_npz``: no pickle, bounded; ``InputError``)."""
+    d = load_npz(path, "golden file")
     try:
         host = json.loads(str(d.pop(GOLDEN_HOST))) if GOLDEN_HOST in d else None
     except ValueError:
@@ -97,8 +98,7 @@ def _ml_agents_golden(official_path: Optional[Path]) -> Optional[Dict[str, np.nd
     p = official_path.with_suffix(".golden.npz")
     if not p.is_file():
         return None
-    with np.load(p) as z:
-        return {k: z[k] for k in z.files}
+    return load_npz(p, "golden file")
 
 
 def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
@@ -474,15 +474,22 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
         rep.notes.append(f"divisor: {describe_divisor(decision)}")
 
     ctx = Context(policy, rebuilt, o, onnx_data)  # 2 and the reference of 3
-    golden_in = load_golden(ref.golden_path) if ref.golden_path and Path(ref.golden_path).is_file() else None
     if ref.official is not None:
         rep.checks.extend(ctx.use_official(ref.official, ref.official_path, rep.subject))
     else:
+        golden_in = damaged = None
+        if ref.golden_path and Path(ref.golden_path).is_file():
+            try:
+                golden_in = load_golden(ref.golden_path)
+            except HuggyError as exc:  # a damaged golden file in OUT: the verdict, not bad input
+                damaged = Check("3 outputs vs the reference", FAIL, f"does not load: {exc.one_line()}", id="outputs")
         if golden_in is not None:
             ctx.use_golden(golden_in, ref.golden_path, rep.environment["host"], rep.notes)
-        else:
+        elif damaged is None:
             rep.notes.append("no official ONNX found: verified what can be verified without one")
         rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
+        if damaged is not None:
+            rep.checks.append(damaged)
     if rep.check("outputs") is None:  # 3
         rep.checks.append(ctx.check_outputs())
     c4, cpu32 = check_runtimes(ctx, artifacts, devices, extra_modules)  # 4
