@@ -83,6 +83,7 @@ from . import contract as C
 from .artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
 from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
+from .converter.checkpoint import read_input_file
 from .converter.reference import divisor_record
 from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 from .exporters.pt2 import EXPORT_GATE, ProgramWriter
@@ -257,7 +258,7 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
     entry = _base_entry(item)
     try:
         if ckpt is None:
-            data = item.path.read_bytes()
+            data = read_input_file(item.path)
             sha = hashlib.sha256(data).hexdigest()
             entry.update(source_sha256=sha, source_bytes=len(data))
             prev = ctx.previous.get(item.rel)
@@ -310,7 +311,7 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
     t0 = time.perf_counter()
     entry = _base_entry(item)
     try:
-        data = item.path.read_bytes()
+        data = read_input_file(item.path)
         sha = hashlib.sha256(data).hexdigest()
         entry.update(source_sha256=sha, source_bytes=len(data))
         prev = ctx.previous.get(item.rel)

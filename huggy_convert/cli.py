@@ -9,6 +9,9 @@ import click
 
 from . import __version__
 from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
+from .modes.commands import Command  # one-line usage errors (the modes' command class)
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 class DefaultGroup(click.Group):
@@ -26,8 +29,11 @@ class DefaultGroup(click.Group):
         takes only ``HuggyError``) goes through ``errors.from_foreign`` here."""
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C: one line, and not exit 1 (a verdict)
+            click.echo("huggy-convert: error: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except HuggyError as e:
             fail(e)
         except Exception as e:  # noqa: BLE001
@@ -100,7 +106,7 @@ def main():
     """
 
 
-@main.command("convert")
+@main.command("convert", cls=Command)
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--opset", type=click.IntRange(9, 15), default=9, show_default=True,
@@ -115,7 +121,8 @@ def main():
 @click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
 @click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
               "policies with several observations and no official ONNX)")
-@click.option("--jobs", "-j", type=int, default=0, help="parallel workers for a run directory (default: cores)")
+@click.option("--jobs", "-j", type=click.IntRange(0, 256), default=0,
+              help="parallel workers for a run directory (default: cores)")
 @click.option("--force", is_flag=True, help="run directory: redo checkpoints the manifest already has")
 @click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
 @with_options(tolerance_options)
@@ -157,7 +164,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
     sys.exit(run_guarded(go, as_json, source))
 
 
-@main.command("verify")
+@main.command("verify", cls=Command)
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint (enables check 1)")

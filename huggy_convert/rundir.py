@@ -179,6 +179,8 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
         records, warn = _read_status(status)
         if warn:
             warns.append(warn)
+            if not records:  # broken: the checkpoints are found by their file names
+                status = None
     seen_names = set()
     for r in records:
         if (r["behavior"], r["name"]) in seen_names:  # final_checkpoint repeats the newest

@@ -152,8 +152,10 @@ def test_a_failing_write_leaves_no_half_file(huggy_ckpt, tmp_path, monkeypatch):
     assert list(out.iterdir()) == []
 
 
-def test_usage_errors_exit_2(tmp_path):
-    r = CliRunner().invoke(main, ["convert"])
-    assert r.exit_code == 2
-    r = CliRunner().invoke(main, ["x.pt", str(tmp_path), "--opset", "8"])
-    assert r.exit_code == 2
+def test_usage_errors_exit_2_in_one_line(tmp_path):
+    for args in (["convert"], ["x.pt", str(tmp_path), "--opset", "8"], ["x.pt", str(tmp_path), "--jobs", "-1"],
+                 ["verify", str(tmp_path), "--bogus"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("huggy-convert: error: "), (args, r.stderr)
