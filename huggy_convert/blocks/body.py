@@ -59,24 +59,34 @@ class Body(Block):
             f.h = g.node("Mul", [z, s], act)
 
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        import torch
         from torch import nn
+        from torch.nn.functional import silu
 
         T = policy.tensors
         module.body = nn.ModuleList(module.affine(T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")])
                                     for layer in range(policy.spec.num_layers))
-        module.fast[self.name] = tuple(module.body)
+        # what the forward reads per call: the layers (never their tensors or parameter dicts: torch.export
+        # and .to() swap those) and the kernels (an import inside the hook costs ~1 us a call)
+        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu)
 
     def torch_encode(self, f: TorchFlow) -> None:
-        """Each layer is one GEMM (``addmv`` for one row, eager; ``addmm`` otherwise) and one Swish
-        kernel, ``F.silu`` (in place with autograd off: the same kernel, the same bits). ``silu``
-        computes ``z / (1 + exp(-z))``: three float32 roundings (exp, add, div), ~3 u relative,
-        inside the Sigmoid + Mul bound the float64 reference derives (``verify.bounds.swish``:
-        ``8 u |z| + u |v|`` on top of the inherited error), which the tests check element-wise."""
-        from torch.nn.functional import silu
-
-        h, vec, inplace = f.h, f.vec, f.inplace
-        for lin in f.module.fast[self.name]:
-            h = silu(lin.apply_to(h, vec), inplace)
+        """Each layer is one GEMM (``addmv`` for one row, eager; ``addmm`` otherwise, the
+        ``Affine.apply_to`` forms) and one Swish kernel, ``F.silu`` (in place with autograd off: the
+        same kernel, the same bits). ``silu`` computes ``z / (1 + exp(-z))``: three float32 roundings
+        (exp, add, div), ~3 u relative, inside the Sigmoid + Mul bound the float64 reference derives
+        (``verify.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
+        check element-wise."""
+        layers, addmv, addmm, silu = f.module.fast[self.name]
+        h, inplace = f.h, f.inplace
+        if f.vec:
+            for lin in layers:
+                p = lin._parameters
+                h = silu(addmv(p["bias"], p["weight"], h), inplace)
+        else:
+            for lin in layers:
+                p = lin._parameters
+                h = silu(addmm(p["bias"], h, p["weight"].t()), inplace)
         f.h = h
 
     def reference_init(self, policy):

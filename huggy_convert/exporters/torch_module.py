@@ -136,10 +136,13 @@ class PolicyModule(nn.Module):
         concatenated, the encode blocks take them to the features, then every output block gives
         its outputs in Unity's order (deterministic, or sampled with ``sampling``'s noise).
 
-        Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch: in place wherever
-        autograd is off (the same arithmetic, fewer allocations), and one row as a vector (``addmv``,
-        ~8 us a forward ahead of ``addmm``: benchmarks/latency.py --ops). Under torch.compile /
-        torch.export the graph is the same functional ``addmm`` form for every batch size."""
+        Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch and each Python
+        call ~0.5 us: the hooks are bound once (``_observe``/``_encode``/``_output``) and read what
+        they need from ``fast``; one kernel per step (``F.silu`` for Swish); in place wherever
+        autograd is off (the same arithmetic and bits, fewer allocations); one row as a vector
+        (``addmv``, ~8 us a forward ahead of ``addmm``: benchmarks/latency.py --ops). Huggy at batch
+        1 is then 4 GEMVs and 10 small ops. Under torch.compile / torch.export the graph is the same
+        functional ``addmm`` form for every batch size."""
         eager = not torch.compiler.is_compiling()  # a traced graph stays functional: sub/div/clamp/silu, addmm
         vec = eager and self._row_as_vector and inputs[0].size(0) == 1
         inplace = eager and not torch.is_grad_enabled()  # only where autograd cannot need the overwritten value
