@@ -1,5 +1,6 @@
 """The MLP body: ``[Linear, Swish] x num_layers``, Swish = ``x * sigmoid(x)`` exported as Sigmoid +
-Mul (ML-Agents' own form; ``F.silu`` rounds differently). No residuals. The first layer's input
+Mul (ML-Agents' own form); the torch module runs it as one ``F.silu`` kernel, which rounds
+differently but inside the same derived bound. No residuals. The first layer's input
 width fixes the observation split where no normalizer does."""
 from __future__ import annotations
 
@@ -58,22 +59,35 @@ class Body(Block):
             f.h = g.node("Mul", [z, s], act)
 
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
+        import torch
         from torch import nn
+        from torch.nn.functional import silu
 
         T = policy.tensors
         module.body = nn.ModuleList(module.affine(T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")])
                                     for layer in range(policy.spec.num_layers))
-        module.fast[self.name] = tuple(module.body)
+        # what the forward reads per call: the layers (never their tensors or parameter dicts: torch.export
+        # and .to() swap those) and the kernels (an import inside the hook costs ~1 us a call)
+        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu)
 
     def torch_encode(self, f: TorchFlow) -> None:
-        import torch
-
-        vec = f.vec
-        for lin in f.module.fast[self.name]:
-            z = lin.apply_to(f.h, vec)
-            # Swish as ML-Agents exports it (Sigmoid, Mul): the same products either way, z.mul_ only
-            # skips an allocation
-            f.h = z.mul_(torch.sigmoid(z)) if f.inplace else z * torch.sigmoid(z)
+        """Each layer is one GEMM (``addmv`` for one row, eager; ``addmm`` otherwise, the
+        ``Affine.apply_to`` forms) and one Swish kernel, ``F.silu`` (in place with autograd off: the
+        same kernel, the same bits). ``silu`` computes ``z / (1 + exp(-z))``: three float32 roundings
+        (exp, add, div), ~3 u relative, inside the Sigmoid + Mul bound the float64 reference derives
+        (``verify.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
+        check element-wise."""
+        layers, addmv, addmm, silu = f.module.fast[self.name]
+        h, inplace = f.h, f.inplace
+        if f.vec:
+            for lin in layers:
+                p = lin._parameters
+                h = silu(addmv(p["bias"], p["weight"], h), inplace)
+        else:
+            for lin in layers:
+                p = lin._parameters
+                h = silu(addmm(p["bias"], h, p["weight"].t()), inplace)
+        f.h = h
 
     def reference_init(self, policy):
         from ..verify.bounds import Linear

@@ -103,23 +103,19 @@ class Normalizer(Block):
         module.fast[self.name] = (tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))), tuple(keys))
 
     def torch_observe(self, f: TorchFlow) -> None:
-        import torch
-
         mod = f.module
-        ndt, cdt = mod.normalizer_dtype, mod.compute_dtype
+        ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, mod._buffers  # the pinned buffers (.to() swaps them)
         names, norm_keys = mod.fast[self.name]
-        encoded = f.encoded
+        feed, encoded, inplace = f.feed, f.encoded, f.inplace
         for i, name in enumerate(names):
-            x = f.feed[name]
+            x = feed[name]
             if norm_keys:
                 mean_key, div_key = norm_keys[i]
                 if x.dtype != ndt:
                     x = x.to(ndt)
-                x = x - mod.pinned(mean_key)
-                if f.inplace:
-                    x = x.div_(mod.pinned(div_key)).clamp_(-C.NORM_CLIP, C.NORM_CLIP)
-                else:
-                    x = torch.clamp(x / mod.pinned(div_key), -C.NORM_CLIP, C.NORM_CLIP)
+                x = x - bufs[mean_key]
+                x = x.div_(bufs[div_key]).clamp_(-C.NORM_CLIP, C.NORM_CLIP) if inplace else \
+                    (x / bufs[div_key]).clamp(-C.NORM_CLIP, C.NORM_CLIP)
             if x.dtype != cdt:
                 x = x.to(cdt)
             encoded[i] = x

@@ -83,12 +83,13 @@ class PolicyModule(nn.Module):
         self.fast: Dict[str, object] = {}
         for block in blocks.compute_order():  # every block, present or not (see Block.torch_init)
             block.torch_init(self, policy, dtype, normalizer_dtype)
-        # plain-Python facts for a lean forward (at batch 1 every Python step shows in the latency)
+        # plain-Python facts for a lean forward (at batch 1 every Python step shows in the latency):
+        # each stage's hooks bound once, in registry order
         self._input_names = tuple(spec.input_names())
-        self._observers = tuple(b for b in blocks.in_stage(blocks.OBSERVE, spec) if b.has("torch_observe"))
+        self._observe = tuple(b.torch_observe for b in blocks.in_stage(blocks.OBSERVE, spec) if b.has("torch_observe"))
         self._n_obs = sum(p.kind == blocks.OBSERVATION for p in spec.io_signature().inputs)
-        self._encoders = tuple(b for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode"))
-        self._emitters = tuple(b for b in blocks.active(spec) if b.has("torch_output"))  # in output order
+        self._encode = tuple(b.torch_encode for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode"))
+        self._output = tuple(b.torch_output for b in blocks.active(spec) if b.has("torch_output"))  # output order
         self._row_as_vector = all(b.row_as_vector for b in blocks.active(spec))
 
     # --- what the blocks register ---------------------------------------------------------
@@ -135,24 +136,27 @@ class PolicyModule(nn.Module):
         concatenated, the encode blocks take them to the features, then every output block gives
         its outputs in Unity's order (deterministic, or sampled with ``sampling``'s noise).
 
-        Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch: in place wherever
-        autograd is off (the same arithmetic, fewer allocations), and one row as a vector (``addmv``,
-        ~8 us a forward ahead of ``addmm``: benchmarks/latency.py --ops). Under torch.compile /
-        torch.export the graph is the same functional ``addmm`` form for every batch size."""
-        eager = not torch.compiler.is_compiling()  # a traced graph stays functional: sub/div/clamp/mul, addmm
-        vec = eager and self._row_as_vector and inputs[0].shape[0] == 1
+        Written for batch-1 latency, where each torch op costs ~1.5 us of dispatch and each Python
+        call ~0.5 us: the hooks are bound once (``_observe``/``_encode``/``_output``) and read what
+        they need from ``fast``; one kernel per step (``F.silu`` for Swish); in place wherever
+        autograd is off (the same arithmetic and bits, fewer allocations); one row as a vector
+        (``addmv``, ~8 us a forward ahead of ``addmm``: benchmarks/latency.py --ops). Huggy at batch
+        1 is then 4 GEMVs and 10 small ops. Under torch.compile / torch.export the graph is the same
+        functional ``addmm`` form for every batch size."""
+        eager = not torch.compiler.is_compiling()  # a traced graph stays functional: sub/div/clamp/silu, addmm
+        vec = eager and self._row_as_vector and inputs[0].size(0) == 1
         inplace = eager and not torch.is_grad_enabled()  # only where autograd cannot need the overwritten value
         f = blocks.TorchFlow(self, dict(zip(self._input_names, inputs)), vec, inplace, sampling=sampling)
-        for block in self._observers:
-            block.torch_observe(f)
-        enc, n = f.encoded, self._n_obs  # ML-Agents' ObservationEncoder: the encodings concatenated in order
-        h = enc[0] if n == 1 else torch.cat([enc[i] for i in range(n)], dim=1)
+        for observe in self._observe:
+            observe(f)
+        enc = f.encoded  # ML-Agents' ObservationEncoder: the encodings concatenated in observation order
+        h = enc[0] if self._n_obs == 1 else torch.cat([enc[i] for i in range(self._n_obs)], dim=1)
         f.h = h[0] if vec else h
-        for block in self._encoders:
-            block.torch_encode(f)
+        for encode in self._encode:
+            encode(f)
         out = []
-        for block in self._emitters:
-            out += block.torch_output(f)
+        for output in self._output:
+            out += output(f)
         return tuple(out)
 
     def forward(self, *inputs):

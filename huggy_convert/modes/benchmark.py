@@ -1,5 +1,10 @@
 """``benchmark``: load time, warm-up, then mean / p50 / p95 / p99 latency and memory, per device
-and runtime (torch eager, onnxruntime)."""
+and runtime (torch eager, onnxruntime), both runtimes on the same number of CPU threads.
+
+``threads`` defaults to 1: the setting the verifier and ``benchmarks/latency.py`` use, the one whose
+figures repeat on a shared machine (torch's spinning intra-op threads collapse when the cores are
+busy), and the one that compares like with like (onnxruntime's CPU sessions here run one intra-op
+thread). More threads measure both runtimes with that many intra-op threads each."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +14,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import HuggyError
+from ..errors import HuggyError, InputError
+from ..runtime import INTRA_OP_THREADS, ort_session
 from .common import ModeResult, percentiles, rss_bytes, time_calls
 from .sources import (KIND_ONNX, RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
                       make_runner)
@@ -36,11 +42,28 @@ def _cuda_peak(dev: str) -> Optional[float]:
 
 def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[str] = RUNTIMES,
               batches: Sequence[int] = (1, 64), dtype: str = "float32", warmup: int = 10, iters: int = 100,
-              seed: int = 0, src: Optional[Source] = None) -> ModeResult:
+              seed: int = 0, src: Optional[Source] = None, threads: int = 1) -> ModeResult:
     """For each device x runtime: load time (file -> ready runner: read + build module / session),
     ``warmup`` untimed calls, then ``iters`` timed calls per batch size (host-side wall time, outputs
     copied back to the host); peak memory as the RSS delta over load + runs and, on CUDA,
-    torch.cuda.max_memory_allocated. Every figure here is a timing (``timings`` in JSON)."""
+    torch.cuda.max_memory_allocated. Every figure here is a timing (``timings`` in JSON). On the CPU
+    torch and onnxruntime both run ``threads`` intra-op threads (torch's setting is restored after)."""
+    if threads < 1:
+        raise InputError(f"--threads must be at least 1, got {threads}")
+    torch = None
+    if RUNTIME_TORCH in runtimes:
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        return _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads)
+    finally:
+        if torch is not None:
+            torch.set_num_threads(before)
+
+
+def _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads) -> ModeResult:
     path = Path(path)
     devices = list(devices) if devices else devices_present()
     first = src or load_source(path)
@@ -63,6 +86,8 @@ def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[
                 t0 = time.perf_counter()
                 s = load_source(path) if src is None else src
                 runner = make_runner(s, dev, dtype, rt)
+                if rt == RUNTIME_ORT and runner.device == "cpu" and threads != INTRA_OP_THREADS:
+                    runner.session = ort_session(runner.model, threads=threads)  # torch's thread count
                 load_s = (time.perf_counter() - t0) if src is None else s.load_seconds + runner.build_seconds
             except HuggyError as exc:
                 row["skipped"] = exc.message
@@ -88,10 +113,12 @@ def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[
             del runner
     r.data = {"source": first.label, "kind": first.kind, "devices": devices, "runtimes": list(runtimes),
               "batches": [int(b) for b in batches], "dtype": dtype, "warmup": warmup, "iters": iters,
+              "threads": threads,
               "ran": [{"device": x["device"], "runtime": x["runtime"], "ok": x.get("outputs_finite"),
                        "skipped": x.get("skipped")} for x in rows]}
     r.timings = {"rows": rows}
-    r.lines.append(f"benchmark {first.label}: {dtype}, warm-up {warmup}, {iters} timed calls per batch size")
+    r.lines.append(f"benchmark {first.label}: {dtype}, warm-up {warmup}, {iters} timed calls per batch size, "
+                   f"{threads} CPU thread{'s' if threads > 1 else ''} for torch and onnxruntime alike")
     r.lines.append(f"  {'device':<8} {'runtime':<12} {'batch':>5} {'mean':>9} {'p50':>9} {'p95':>9} {'p99':>9}  load, memory")
     for x in rows:
         if "skipped" in x:
