@@ -413,3 +413,20 @@ def test_real_subprocess_runs(tmp_path):
     shutil.copy(OFFICIAL, tmp_path / "copy.txt")
     p = run_cli("info", tmp_path / "copy.txt")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "copy.txt" in p.stderr
+
+
+def test_benchmark_runs_both_runtimes_on_the_threads_asked_for():
+    import torch
+
+    from huggy_convert.cli import main
+
+    ck = step_checkpoints(VARIANTS / "small")[-1]
+    before = torch.get_num_threads()
+    r = CliRunner().invoke(main, ["benchmark", str(ck), "--threads", "2", "--iters", "2", "--warmup", "0",
+                                  "--batch", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["threads"] == 2 and [x["runtime"] for x in d["ran"] if x["ok"]] == ["torch", "onnxruntime"]
+    assert torch.get_num_threads() == before  # torch's setting restored
+    r = CliRunner().invoke(main, ["benchmark", str(ck), "--threads", "0"])
+    assert r.exit_code == 2 and r.stderr.strip().startswith("huggy-convert: error:") and len(r.stderr.strip().splitlines()) == 1

@@ -247,14 +247,16 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 @click.option("--batch", "batches", multiple=True, type=ROWS, help="batch sizes, repeatable (default 1 and 64)")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(0, 1 << 20))
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="intra-op threads of torch and onnxruntime alike")
 @_opts(dtype_opt, seed_opt, json_opt)
-def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, dtype, seed, as_json):
+def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
     from .benchmark import RUNTIMES as ALL, benchmark
 
     guarded(lambda: benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
-                              dtype, warmup, iters, seed), as_json)
+                              dtype, warmup, iters, seed, threads=threads), as_json)
 
 
 @click.command("export", cls=Command)
