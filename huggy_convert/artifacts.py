@@ -15,7 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, List
 
 from .converter.policy_file import NAME_MAX, TEMPORARY_SUFFIX, atomic_write_bytes, temporary_key
 from .errors import OutputError, from_os_error
@@ -140,12 +140,6 @@ class ArtifactSet:
     def read(self, kind: str) -> bytes:
         return self.path(kind).read_bytes()
 
-    def sha256(self, kind: str) -> Optional[str]:
-        try:
-            return sha256_bytes(self.read(kind))
-        except OSError:
-            return None
-
     def write(self, kind: str, data: bytes, fsync: bool = False) -> Dict[str, str]:
         """Write ``data`` as this kind's file (atomically); returns ``{path, file, sha256}``.
         No per-file fsync by default: a torn file after a power cut is found by its sha256."""
@@ -178,16 +172,6 @@ class ArtifactSet:
                 raise from_os_error(exc, self.dir) from None
             raise
         tx.commit()
-
-    def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
-        """Write several kinds as one (``transaction``); returns ``kind -> {path, file, sha256}``."""
-        with self.transaction() as tx:
-            return tx.write_all(blobs, fsync=fsync)
-
-    def present(self) -> Iterator[Tuple[str, Path]]:
-        for kind in SUFFIXES:
-            if self.exists(kind):
-                yield kind, self.path(kind)
 
     @staticmethod
     def stems(folder: Path) -> list:

@@ -77,7 +77,7 @@ class Block:
     """One part of the actor. Every hook has a neutral default, so a block implements what it owns.
 
     A block is a stateless singleton; the orchestrators (``converter.mapping``, ``PolicySpec``,
-    ``exporters.onnx_export``, ``exporters.torch_module``, ``verify.probes``) call its hooks in
+    ``exporters.onnx_export``, ``exporters.torch_module``, ``runtime.feeds``) call its hooks in
     registry order, stage by stage."""
 
     name: str = ""
@@ -162,7 +162,7 @@ class Block:
     def reference_output(self, r: "ReferenceFlow", w) -> None:
         """Output blocks: ``r.values[name]``, ``r.errs[name]`` (and ``r.logits`` for argmax ties)."""
 
-    # --- probes (verify.probes) ------------------------------------------------------------
+    # --- probes (runtime.feeds) ------------------------------------------------------------
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Seeded inputs for this block's input ports."""
         return {}

@@ -266,10 +266,12 @@ def loads(data: bytes, path=None) -> Policy:
 
 def load(path) -> Policy:
     """Read a canonical safetensors policy back into spec + tensors (bitwise round trip)."""
+    from .checkpoint import read_input_file
+
     p = Path(path)
     if not p.is_file():
         raise PolicyFileError("no such file", p)
-    return loads(p.read_bytes(), p)
+    return loads(read_input_file(p, "policy file"), p)
 
 
 def load_policy(path) -> Policy:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 from .. import blocks
 from .. import contract as C

@@ -13,7 +13,8 @@ from ..errors import ExportError, InputError, UnsupportedError
 from ..verify.compare import Comparison, compare_arrays
 from ..runtime import OrtRunner, make_noise
 from .common import ModeResult, g
-from .sources import KIND_CHECKPOINT, KIND_ONNX, STOCHASTIC, Source, display_path, make_feed
+from ..runtime import STOCHASTIC
+from .sources import KIND_CHECKPOINT, KIND_ONNX, Source, display_path, make_feed
 
 
 def default_out(src: Source, opset: int) -> Path:

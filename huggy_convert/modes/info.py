@@ -10,7 +10,8 @@ import numpy as np
 from .. import __version__
 from .. import contract as C
 from .common import ModeResult, g
-from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, ort_providers, run_inventory
+from ..runtime import ort_providers
+from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
 
 # A dimension whose per-step variance (running_variance / steps) is below this is "constant":
 # the normalizer divides by sqrt of it (< 0.01), so any change in it hits the +-5 clip at once.

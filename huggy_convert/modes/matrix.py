@@ -32,8 +32,8 @@ from ..rundir import newest_checkpoint, step_checkpoints
 from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
 from ..verify.compare import compare_arrays
 from .matrix_cases import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st
-from .sources import (CKPT_SUFFIXES, Source, devices_present, display_path, load_source, make_feed, make_runner,
-                      ort_providers)
+from ..runtime import ort_providers
+from .sources import CKPT_SUFFIXES, Source, devices_present, display_path, load_source, make_feed, make_runner
 
 GROUPS = {
     1: "environment and model info",

@@ -24,7 +24,6 @@ from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
-from ..runtime import STOCHASTIC, ort_providers  # noqa: F401 (the modes take them from here)
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"

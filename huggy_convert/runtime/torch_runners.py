@@ -46,11 +46,6 @@ class ModuleRunner(RunnerBase):
         mod = build_module(policy, device=device, dtype=dtype)
         return cls(mod, dtype, time.perf_counter() - t0)
 
-    @property
-    def normalizer_dtypes(self) -> Dict[str, str]:
-        """dtype of each buffer the module keeps in float32 whatever its weights' dtype (the normalizer)."""
-        return {n: _dtype_name(getattr(self.module, n)) for n in getattr(self.module, "_pinned", [])}
-
     def _inputs(self, feed: Feed):
         import torch
 

@@ -463,7 +463,7 @@ def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=No
     sequence runs as one batch, hashed step by step as :func:`fingerprint` hashes it. ``prepared``: the
     policy's bounds.Float64Policy, when the caller has one."""
     from .bounds import Float64Policy
-    from .probes import make_probes
+    from ..runtime.feeds import make_probes
 
     ref = prepared or Float64Policy(policy)
     if policy.spec.memory_size:
@@ -485,7 +485,7 @@ def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0) -> str:
 
     Observation t is drawn from ``default_rng(seed)`` at the normalizer's scale; an LSTM's
     memory is fed back; discrete masks allow everything."""
-    from .probes import make_probes
+    from ..runtime.feeds import make_probes
 
     feed_all = make_probes(policy, rows=steps, seed=seed)
     h = hashlib.sha256()

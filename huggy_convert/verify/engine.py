@@ -266,21 +266,19 @@ def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
         return None
 
 
-def check_files(artifacts: ArtifactSet, policy: Policy, rebuilt: onnx.ModelProto, written: Optional[Dict[str, str]],
-                regenerate: Sequence[str], writer=None) -> Check:
-    """Check 6: the written files are the bytes their conversion wrote (``written``: sha256 per kind,
-    given by the conversion or recorded in the earlier report) and the kinds in ``regenerate``
-    (``.onnx``, ``.pt2``) are exactly what the policy read back from the ``.safetensors`` gives."""
+def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy, rebuilt: onnx.ModelProto,
+                written: Optional[Dict[str, str]], regenerate: Sequence[str], writer=None) -> Check:
+    """Check 6: the written files (``files``: kind -> the bytes read back) are the bytes their
+    conversion wrote (``written``: sha256 per kind, given by the conversion or recorded in the earlier
+    report) and the kinds in ``regenerate`` (``.onnx``, ``.pt2``) are exactly what the policy read back
+    from the ``.safetensors`` gives."""
     from ..exporters.onnx_export import build_onnx
     from ..exporters.pt2 import program_bytes
 
     c = Check("6 files", id="files")
     found: Dict[str, str] = {}
-    for kind in BUILT:
-        if not artifacts.exists(kind):
-            continue
+    for kind, data in files.items():
         name = artifacts.name(kind)
-        data = artifacts.read(kind)
         found[kind] = sha256_bytes(data)
         want = (written or {}).get(kind)
         if want is not None:
@@ -449,21 +447,24 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     regenerated from the ``.safetensors`` and compared byte for byte. ``golden``: put the golden
     file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
     built ones."""
-    from ..converter import load_policy
+    from ..converter.checkpoint import read_input_file
+    from ..converter.policy_file import loads
 
     ref = reference or Reference()
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
-    try:
-        policy = load_policy(artifacts.path(SAFETENSORS))
+    try:  # each file read once: what the checks below run and compare is these bytes
+        files = {kind: read_input_file(artifacts.path(kind), artifacts.name(kind))
+                 for kind in BUILT if kind == SAFETENSORS or artifacts.exists(kind)}
+        policy = loads(files[SAFETENSORS], artifacts.path(SAFETENSORS))
     except HuggyError as exc:
         rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"does not load: {exc.one_line()}",
                                 id="safetensors"))
         return rep
     rep.checks.append(K.check_safetensors(policy, ref.checkpoint, artifacts.name(SAFETENSORS)))  # 1
     try:
-        onnx_data = artifacts.read(ONNX)
+        onnx_data = files[ONNX]
         rebuilt = onnx.load_model_from_string(onnx_data)
     except Exception as exc:
         rep.checks.append(Check("2 rebuilt ONNX vs official", FAIL, f"{artifacts.name(ONNX)} does not load: "
@@ -497,7 +498,7 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     rep.checks.append(check_fingerprints(ctx, devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
     again = (ONNX, PT2) if written is None else () if o.program_load else (PT2,)
-    rep.checks.append(check_files(artifacts, policy, rebuilt, written if written is not None
+    rep.checks.append(check_files(artifacts, files, policy, rebuilt, written if written is not None
                                   else _recorded_written(artifacts), again, writer))
     if golden:
         rep.golden = golden_of(ctx)
