@@ -151,7 +151,12 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
         else:
             s = res.summary()
             click.echo(f"{source} -> {out}/")
-            click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {s['training_step']}")
+            step = s['training_step'] if s['training_step'] is not None else "unknown"
+            click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {step}")
+            if s.get("recovered_from"):
+                from .converter.from_onnx import describe_recovered
+
+                click.echo(f"  {describe_recovered(s['recovered_from'])}")
             if s.get("divisor"):
                 click.echo(f"  divisor: {s['divisor']}")
             for kind, a in res.artifacts.items():

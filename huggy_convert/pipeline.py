@@ -16,7 +16,7 @@ import onnx
 from . import contract as C
 from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
                         locked, make_dirs)
-from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint
+from .converter import Checkpoint, Conversion, policy_from_checkpoint, read_source
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
 from .errors import InputError
@@ -68,6 +68,7 @@ class ConvertResult:
             "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
             "divisor": describe_divisor(decision) if spec.normalize else None,
             "divisor_decision": decision if spec.normalize else None,
+            "recovered_from": self.conversion.checkpoint.recovered,
             "seconds": round(self.seconds, 3),
         }
         if self.report is not None:
@@ -77,7 +78,8 @@ class ConvertResult:
 
 
 def default_reference(ckpt_path: Path) -> Optional[Path]:
-    """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt)."""
+    """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt). An ONNX
+    source is its own reference: the policy recovered from it is verified against it."""
     p = ckpt_path.with_suffix(SUFFIXES[ONNX])
     try:
         return p if p.is_file() else None
@@ -181,7 +183,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     if o.verify:
         check_devices(getattr(profile or o.verify_options, "devices", None))
     src = Path(source)
-    ckpt = checkpoint or load_checkpoint(src)
+    ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (converter.from_onnx)
     prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
                               o.divisor)
     conv, official, reference = prep.conversion, prep.official, prep.reference
@@ -230,7 +232,7 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
     if not stems:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     official = load_reference(Path(reference)) if reference else None
-    ckpt = load_checkpoint(checkpoint) if checkpoint else None
+    ckpt = read_source(checkpoint) if checkpoint else None
     writer = ProgramWriter(fast=True)
     reports = []
     for s in stems:

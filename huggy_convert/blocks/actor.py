@@ -36,6 +36,19 @@ class Actor(Block):
         return [(C.K_ACT_SIZE, [cont + sum(branches)], "action heads"),
                 (C.K_IS_CONTINUOUS, [1 if cont > 0 and not branches else 0], "action heads")]
 
+    def state_template(self, spec):
+        """The constant vectors ``SimpleActor`` registers, their values fixed by the spec (an ONNX keeps
+        only those behind an output; the others come from here)."""
+        cont, branches = spec.continuous_size, [float(b) for b in spec.discrete_branches]
+        vec = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
+        return {C.K_VERSION: vec(C.MODEL_EXPORT_VERSION), C.K_IS_CONTINUOUS: vec(1.0 if cont and not branches else 0.0),
+                C.K_CONT_SIZE: vec(cont), C.K_DISC_SIZES: np.array(branches, np.float32).reshape(1, len(branches)),
+                C.K_ACT_SIZE: vec(cont + sum(branches)), C.K_MEMORY_SIZE: vec(spec.memory_size)}
+
+    def onnx_recover(self, spec, found, sd) -> None:
+        if C.VERSION_INIT in found:  # torch names the exported copy of version_number differently
+            sd[C.K_VERSION] = found.pop(C.VERSION_INIT)
+
     def outputs(self, spec) -> List[Port]:
         return [Port(C.OUT_VERSION, (1,), kind=CONSTANT, tensor=C.c_const(C.K_VERSION), init=C.VERSION_INIT),
                 Port(C.OUT_MEMORY, (1,), kind=CONSTANT, tensor=C.c_const(C.K_MEMORY_SIZE), init=C.K_MEMORY_SIZE)]

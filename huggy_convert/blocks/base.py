@@ -167,6 +167,20 @@ class Block:
         """Seeded inputs for this block's input ports."""
         return {}
 
+    # --- an ONNX-only policy (converter.from_onnx) ------------------------------------------
+    def state_template(self, spec) -> Dict[str, np.ndarray]:
+        """The ML-Agents keys ``claim`` takes from a ``spec`` actor, as arrays of their shapes and dtypes:
+        placeholders, except what the spec alone fixes (the constant vectors). ``converter.from_onnx``
+        builds the graph of this template to find where each tensor sits in an ONNX."""
+        return {}
+
+    def onnx_recover(self, spec, found: Dict[str, np.ndarray], sd: Dict[str, np.ndarray]) -> None:
+        """The inverse of this block's ONNX nodes for tensors not stored as they are: from ``found``
+        (an ONNX's initializers, by the names this block's ``onnx_*`` hooks give them) write the
+        ML-Agents keys they hold into ``sd`` and pop them from ``found``; raise ``InputError`` where
+        the values cannot be this block's. An initializer named after its key is taken as it is by
+        ``converter.from_onnx`` (no hook needed)."""
+
 
 def _shape(t) -> Tuple[int, ...]:
     return tuple(int(s) for s in t.shape)

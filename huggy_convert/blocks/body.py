@@ -43,6 +43,16 @@ class Body(Block):
         r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers)
         r.state["width"] = hidden
 
+    def state_template(self, spec):
+        import numpy as np
+
+        out, prev = {}, spec.obs_total
+        for layer in range(spec.num_layers):
+            out[C.BODY_LAYER.format(j=2 * layer, p="weight")] = np.zeros((spec.hidden_units, prev), np.float32)
+            out[C.BODY_LAYER.format(j=2 * layer, p="bias")] = np.zeros(spec.hidden_units, np.float32)
+            prev = spec.hidden_units
+        return out
+
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         n, prev = 0, spec.obs_total
         for _ in range(spec.num_layers):

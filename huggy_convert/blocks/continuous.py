@@ -45,6 +45,18 @@ class Continuous(Block):
     def constant_checks(self, r: KeyRules):
         return [(C.K_CONT_SIZE, [r.fields["continuous_size"]], "mu layer")]
 
+    def state_template(self, spec):
+        a, w = spec.continuous_size, spec.encoding_size
+        if not a:
+            return {}
+        out = {C.MU.format(p="weight"): np.zeros((a, w), np.float32), C.MU.format(p="bias"): np.zeros(a, np.float32)}
+        if spec.conditional_sigma:
+            out[C.LOG_SIGMA_LINEAR.format(p="weight")] = np.zeros((a, w), np.float32)
+            out[C.LOG_SIGMA_LINEAR.format(p="bias")] = np.zeros(a, np.float32)
+        else:
+            out[C.LOG_SIGMA] = np.zeros((1, a), np.float32)
+        return out
+
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         a, prev = spec.continuous_size, spec.encoding_size
         n = prev * a + a

@@ -33,6 +33,13 @@ class Discrete(Block):
     def constant_checks(self, r: KeyRules):
         return [(C.K_DISC_SIZES, list(r.fields["discrete_branches"]), "discrete branch layers")]
 
+    def state_template(self, spec):
+        out = {}
+        for b, n in enumerate(spec.discrete_branches):
+            out[C.DISC_BRANCH.format(b=b, p="weight")] = np.zeros((n, spec.encoding_size), np.float32)
+            out[C.DISC_BRANCH.format(b=b, p="bias")] = np.zeros(n, np.float32)
+        return out
+
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         return sum(spec.encoding_size * b + b for b in spec.discrete_branches)
 

@@ -11,6 +11,16 @@ from .. import contract as C
 from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
+def onnx_gates(a: np.ndarray, hs: int) -> np.ndarray:
+    """torch's gate blocks (i, f, g, o) along axis 0 in ONNX's order (i, o, f, c)."""
+    return np.concatenate([a[0:hs], a[3 * hs:4 * hs], a[hs:2 * hs], a[2 * hs:3 * hs]])
+
+
+def torch_gates(a: np.ndarray, hs: int) -> np.ndarray:
+    """The inverse of :func:`onnx_gates`: ONNX's (i, o, f, c) back to torch's (i, f, g, o)."""
+    return np.concatenate([a[0:hs], a[2 * hs:3 * hs], a[3 * hs:4 * hs], a[hs:2 * hs]])
+
+
 class Memory(Block):
     name = "memory"
     stage = ENCODE
@@ -57,7 +67,7 @@ class Memory(Block):
         h0 = g.slice(mem_t, 0, hs, 2, lstm)
         c0 = g.slice(mem_t, hs, np.iinfo(np.int64).max, 2, lstm)
         x = g.node("Transpose", [x], cell, perm=[1, 0, 2])
-        reorder = lambda a: np.concatenate([a[0:hs], a[3 * hs:4 * hs], a[hs:2 * hs], a[2 * hs:3 * hs]])  # noqa: E731 ifgo->iofc
+        reorder = lambda a: onnx_gates(a, hs)  # noqa: E731
         T = f.policy.tensors
         W = g.init(C.LSTM_INIT.format(p="W"), reorder(T[C.c_lstm(C.LSTM_W_IH)])[None])
         R = g.init(C.LSTM_INIT.format(p="R"), reorder(T[C.c_lstm(C.LSTM_W_HH)])[None])
@@ -69,6 +79,23 @@ class Memory(Block):
         cat = g.node("Concat", [yh, yc], lstm, axis=-1)
         g.node("Transpose", [cat], lstm, out=C.RECURRENT_OUT, perm=[1, 0, 2])
         f.h = g.node("Reshape", [y, g.const([-1, hs], sc, np.int64)], sc)
+
+    def state_template(self, spec):
+        if not spec.memory_size:
+            return {}
+        hs = spec.memory_size // 2
+        shapes = ((4 * hs, spec.hidden_units), (4 * hs, hs), (4 * hs,), (4 * hs,))
+        return {C.LSTM_KEY.format(p=p_): np.zeros(s, np.float32) for p_, s in zip(C.LSTM_PARAMS, shapes)}
+
+    def onnx_recover(self, spec, found, sd) -> None:
+        """ONNX's W [1, 4h, in], R [1, 4h, h], B [1, 8h] (gates i, o, f, c; B = input then hidden bias)
+        back to torch's weight_ih, weight_hh, bias_ih, bias_hh (gates i, f, g, o)."""
+        if not spec.memory_size:
+            return
+        hs = spec.memory_size // 2
+        w, r, b = (found.pop(C.LSTM_INIT.format(p=k)) for k in ("W", "R", "B"))
+        for k, a in zip(C.LSTM_PARAMS, (w[0], r[0], b[0, :4 * hs], b[0, 4 * hs:])):
+            sd[C.LSTM_KEY.format(p=k)] = torch_gates(a, hs)
 
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
         if not self.active(policy.spec):

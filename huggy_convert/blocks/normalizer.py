@@ -146,6 +146,42 @@ class Normalizer(Block):
                 b = Bounded.exact(x)
             r.encoded[i] = b
 
+    def state_template(self, spec):
+        out = {}
+        if spec.normalize:
+            for i, n in enumerate(spec.obs_sizes):
+                pre = C.NORM_PREFIX.format(i=i)
+                out[pre + C.NORM_STEPS] = np.array(1, np.int64)
+                out[pre + C.NORM_MEAN] = np.zeros(n, np.float32)
+                out[pre + C.NORM_VAR] = np.ones(n, np.float32)
+        return out
+
+    def onnx_recover(self, spec, found, sd) -> None:
+        """An ONNX folds ``sqrt(variance / steps)`` into one divisor D: the running sums are gone. What
+        the canonical policy holds instead: steps = 1 and variance = D² (float32, correctly rounded), so
+        that the IEEE divisor every exporter computes, ``sqrt(D² / 1)``, is D again bit for bit: in
+        binary floating point ``fl(sqrt(fl(D * D))) == D`` for every D whose square is a normal float32
+        (1.09e-19 <= D <= 1.84e19; checked exhaustively over the float32 significands in
+        tests/test_from_onnx.py). A D outside that range, not positive or not finite is refused."""
+        from ..errors import InputError
+        from ..numerics import ieee_divisor
+
+        if not spec.normalize:
+            return
+        for i in range(len(spec.obs_sizes)):
+            d = found.pop(C.NORM_DIVISOR_INIT.format(i=i))
+            with np.errstate(over="ignore", under="ignore"):
+                var = (d.astype(np.float64) ** 2).astype(np.float32)
+            bad = ~(np.isfinite(d) & (d > 0))
+            bad |= ~bad & (ieee_divisor(var, 1) != d)
+            if bad.any():
+                j = int(np.argmax(bad))
+                raise InputError(f"the {C.OBS_INPUT.format(i=i)} normalizer divisor [{j}] is {float(d[j])!r}: not "
+                                 "a positive float32 whose square is a normal float32, so no float32 variance gives it back")
+            pre = C.NORM_PREFIX.format(i=i)
+            sd[pre + C.NORM_STEPS] = np.array(1, np.int64)
+            sd[pre + C.NORM_VAR] = var
+
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         """Half the rows at the normalizer's scale (mean + k*std, k ~ N(0,1)); a quarter far outside the
         +-5 clip (mean +- 20..1e3 std, and +-1e4); the rest N(0, 3) and zeros. Without a normalizer

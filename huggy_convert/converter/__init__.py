@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 from .checkpoint import Checkpoint, load_checkpoint, sha256_file  # noqa: F401
@@ -23,13 +24,31 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
                            reference_sha256: Optional[str] = None) -> Conversion:
     """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
     official ONNX) as :func:`reference.reconcile_divisors` decides."""
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes)
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes)
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
                         step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
-                        exact_steps=mapped.exact_steps)
+                        exact_steps=mapped.exact_steps, recovered=ckpt.recovered)
     policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
                                    reference_name, reference_sha256)
     return Conversion(policy, ckpt, mapped)
+
+
+ONNX_SUFFIX = ".onnx"
+
+
+def is_onnx_source(path) -> bool:
+    """Whether ``path`` names an ONNX model (read back into a checkpoint by ``from_onnx``)."""
+    return Path(path).suffix.lower() == ONNX_SUFFIX
+
+
+def read_source(path) -> Checkpoint:
+    """The actor of a ``.pt`` checkpoint, or of an ML-Agents ``.onnx`` read back into one
+    (``from_onnx.checkpoint_from_onnx``: its ``recovered`` record says what an ONNX does not hold)."""
+    if is_onnx_source(path):
+        from .from_onnx import checkpoint_from_onnx
+
+        return checkpoint_from_onnx(path)
+    return load_checkpoint(path)
 
 
 def convert_checkpoint(path, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:

@@ -13,7 +13,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .. import contract as C
 from ..errors import CheckpointError, InputError
@@ -32,11 +32,17 @@ def sha256_file(path, chunk: int = 1 << 20) -> str:
 
 @dataclass
 class Checkpoint:
+    """An actor's ``Policy`` state dict and where it came from: a ``.pt`` checkpoint, or an ML-Agents
+    ONNX read back into one (``converter.from_onnx``: ``recovered`` then says what could and could not
+    be recovered, and becomes the canonical file's ``recovered_from`` metadata)."""
+
     path: Path
     sha256: str
     policy: Dict[str, "object"]  # ML-Agents key -> torch.Tensor (CPU)
     global_step: Optional[int]
     top_keys: List[str]
+    recovered: Optional[Dict[str, object]] = None
+    obs_sizes: Optional[Tuple[int, ...]] = None  # the split the file states where the state dict cannot (an ONNX's inputs)
 
 
 _PICKLE_OPCODES = {ord(op.code): op.name for op in pickletools.opcodes}

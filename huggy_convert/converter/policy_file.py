@@ -51,7 +51,7 @@ class Policy:
 
 def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: str, source_sha256: str,
                    step: Optional[int], ignored: Dict[str, str], original: Dict[str, dict],
-                   exact_steps: Dict[str, int]) -> Dict[str, str]:
+                   exact_steps: Dict[str, int], recovered: Optional[Dict[str, object]] = None) -> Dict[str, str]:
     import safetensors
 
     j = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":"))  # noqa: E731
@@ -68,6 +68,8 @@ def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: st
         "normalizer_exact_steps": j({k: str(v) for k, v in exact_steps.items()}),
         "versions": j({"huggy_convert": __version__, "safetensors": safetensors.__version__, "numpy": np.__version__}),
     }
+    if recovered is not None:  # an ONNX-only policy (converter.from_onnx): what it holds instead of the sums
+        md[C.MD_RECOVERED] = j(recovered)
     return md
 
 
@@ -246,7 +248,7 @@ def loads(data: bytes, path=None) -> Policy:
     except SpecError as exc:
         raise PolicyFileError(f"damaged spec metadata: {exc.message}", p) from None
     sources = _json_map(md, "sources", p)
-    for key in ("ignored_keys", "original_dtypes", "normalizer_exact_steps", C.MD_DIVISOR):
+    for key in ("ignored_keys", "original_dtypes", "normalizer_exact_steps", C.MD_DIVISOR, C.MD_RECOVERED):
         if key in md:
             _json_map(md, key, p)
     _check_exact_steps(md, tensors, p)

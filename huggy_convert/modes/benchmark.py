@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import HuggyError, InputError
 from ..runtime import INTRA_OP_THREADS, ort_session
 from .common import ModeResult, percentiles, rss_bytes, time_calls
-from .sources import (KIND_ONNX, RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
+from .sources import (RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
                       make_runner)
 
 RUNTIMES = (RUNTIME_TORCH, RUNTIME_ORT)
@@ -72,8 +72,8 @@ def _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src
     for dev in devices:
         for rt in runtimes:
             row: Dict = {"device": dev, "runtime": rt, "dtype": dtype}
-            if rt == RUNTIME_TORCH and first.kind == KIND_ONNX:
-                row["skipped"] = "torch eager is not available for an ONNX input (no canonical tensors)"
+            if rt == RUNTIME_TORCH and not first.has_tensors:
+                row["skipped"] = f"torch eager needs canonical tensors: none recovered from this ONNX ({first.unrecovered})"
                 rows.append(row)
                 continue
             gc.collect()

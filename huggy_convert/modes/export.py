@@ -1,7 +1,8 @@
-"""``export``: an ONNX at any opset 9-15 from a checkpoint or a canonical policy, checked with
-onnx.checker (full_check) and verified as a conversion verifies: against the official ONNX (the
-``<stem>.onnx`` beside a checkpoint, or ``--reference``) through verify's checks 2 and 3; without
-one, against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
+"""``export``: an ONNX at any opset 9-15 from a checkpoint, a canonical policy or an ML-Agents ONNX (its
+recovered tensors), checked with onnx.checker (full_check) and verified as a conversion verifies:
+against the official ONNX (the ``<stem>.onnx`` beside a checkpoint, the input ONNX itself, or
+``--reference``) through verify's checks 2 and 3; without one, against the opset-9 rebuild (outputs
+bitwise in onnxruntime)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Dict, Optional
 
 from .. import contract as C
 from ..converter import atomic_write_bytes
-from ..errors import ExportError, InputError, UnsupportedError
+from ..errors import ExportError, InputError
 from ..verify.compare import Comparison, compare_arrays
 from ..runtime import OrtRunner, make_noise
 from .common import ModeResult, g
@@ -23,9 +24,12 @@ def default_out(src: Source, opset: int) -> Path:
 
 def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
     """The official ONNX to verify an export against: ``--reference``, else the ``<stem>.onnx`` ML-Agents
-    wrote beside a checkpoint (a canonical policy's sibling ONNX is this tool's own rebuild: not one)."""
+    wrote beside a checkpoint, or the input ONNX whose tensors were recovered (a canonical policy's
+    sibling ONNX is this tool's own rebuild: not one)."""
     if reference is not None:
         return Path(reference)
+    if src.kind == KIND_ONNX:
+        return src.path if src.has_tensors else None
     if src.kind == KIND_CHECKPOINT:
         from ..pipeline import default_reference
 
@@ -56,7 +60,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     out = Path(out) if out else default_out(src, opset)
     if out.exists() and out.resolve() == src.path.resolve():
         raise InputError("refusing to overwrite the input: choose another --out", out)
-    official_path = _official_for(src, reference) if src.kind != KIND_ONNX else None
+    official_path = _official_for(src, reference)
     official = None
     if official_path is not None:
         from ..pipeline import load_reference
@@ -64,12 +68,11 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         official = load_reference(official_path)
     r = ModeResult("export")
     policy = src.policy
-    if src.kind == KIND_ONNX:
+    if src.kind == KIND_ONNX and not src.has_tensors:
         have = src.onnx_view.opset
         if have != opset or noise_input:
             what = f"opset {have} to opset {opset}" if have != opset else "with a noise input"
-            raise UnsupportedError(f"cannot re-export this ONNX {what}: an ONNX carries no canonical tensors to "
-                                   "rebuild from (give the .pt checkpoint or the .safetensors policy)", src.path)
+            src.require_tensors(f"re-exporting an ONNX {what}")
         model = src.model
         r.data["note"] = f"the ONNX is already opset {opset}: written unchanged"
         data = src.path.read_bytes()
@@ -123,6 +126,8 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
             outs[name] = dict(c.figures(), bitwise=c.bitwise, ok=c.bitwise and a.dtype == got[name].dtype)
         matched = all(o["ok"] for o in outs.values())
         ref_text = ("the input ONNX" if src.kind == KIND_ONNX else "opset-9 rebuild") + " (onnxruntime cpu, bitwise)"
+    if src.kind == KIND_ONNX and src.has_tensors:
+        r.data["note"] = "rebuilt from the tensors recovered from the input ONNX"
     r.ok = r.ok and matched
     import hashlib
 

@@ -12,7 +12,7 @@ from ..errors import InputError
 from ..verify.checks import fingerprint as fp
 from ..verify.checks import reference_fingerprint
 from .common import ModeResult
-from .sources import KIND_ONNX, Source, make_runner
+from .sources import Source, make_runner
 
 STEPS = (64, 128)
 MIN_PREFIX = 8  # hex digits of a fingerprint prefix that --expect accepts (the tree prints 12)
@@ -35,7 +35,7 @@ def fingerprint(src: Source, device: str = "cpu", dtype: str = "float32", runtim
     run twice: one that changes between runs fails; so does a fingerprint that differs from ``expect``."""
     runner = make_runner(src, device, dtype, runtime)
     pol = src.probe_policy()
-    has_ref = src.kind != KIND_ONNX
+    has_ref = src.has_tensors
     r = ModeResult("fingerprint")
     results = {}
     for n in steps:
@@ -55,8 +55,8 @@ def fingerprint(src: Source, device: str = "cpu", dtype: str = "float32", runtim
     if expected:
         r.data["expect"] = expected
     if not has_ref:
-        r.data["note"] = ("an ONNX carries no canonical tensors: the fingerprint is onnxruntime's float32 one, "
-                          "host-local; observations from its folded normalizer (mean, divisor)")
+        r.data["note"] = ("no canonical tensors could be recovered from this ONNX: the fingerprint is onnxruntime's "
+                          "float32 one, host-local; observations from its folded normalizer (mean, divisor)")
     r.lines.append(f"fingerprint {src.label}: " + ("float64 reference (the same on every host); " if has_ref else "")
                    + f"{runner.label} beside it, seed {seed}")
     for n, v in results.items():

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import __version__
 from .. import contract as C
+from ..converter.from_onnx import describe_recovered, recovered_record
 from .common import ModeResult, g
 from ..runtime import ort_providers
 from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
@@ -62,7 +63,10 @@ def normalizer_summary(src: Source) -> List[Dict[str, object]]:
         d: Dict[str, object] = {"input": C.OBS_INPUT.format(i=i), "size": int(mean.size),
                                 "mean_range": [float(mean.min()), float(mean.max())],
                                 "divisor_range": [float(div.min()), float(div.max())]}
-        if src.policy is not None:
+        if src.policy is not None and recovered_record(src.policy):
+            d["steps"] = None  # folded into the ONNX it was recovered from (steps = 1, variance = divisor^2)
+            const = np.flatnonzero(div.astype(np.float64) ** 2 < CONSTANT_VAR)
+        elif src.policy is not None:
             T = src.policy.tensors
             var = T[C.c_norm(i, C.NORM_VAR)].astype(np.float64)
             steps = float(T[C.c_norm(i, C.NORM_STEPS)].reshape(-1)[0])
@@ -100,9 +104,14 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
                             "file": src.label, "spec": spec_dict(spec), "parameters": params,
                             "normalizer": norm, "environment": env, "device": {"asked": device, "torch": resolved,
                                                                                "dtype": dtype}}
-    if src.checkpoint is not None:
+    recovered = recovered_record(src.policy) if src.policy is not None else {}
+    if src.checkpoint is not None and not recovered:
         d["checkpoint"] = {"sha256": src.checkpoint.sha256, "training_step": src.checkpoint.global_step,
                            "top_level_keys": src.checkpoint.top_keys}
+    if src.kind == KIND_ONNX or recovered:
+        d["recovered_from"] = recovered or None
+        if src.unrecovered:
+            d["not_recovered_because"] = src.unrecovered
     if src.policy is not None and src.policy.metadata:
         md = src.policy.metadata
         d["policy_file"] = {"source_file": md.get("source_file"), "source_sha256": md.get("source_sha256"),
@@ -123,7 +132,11 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
     L.append(f"  spec: {spec.family}")
     L.append(f"  parameters: {params['linear']:,} in the linear layers, {params[C.P_WITH_LOG_SIGMA]:,} with the log sigma"
              f"  ({params['counted_from']})")
-    if src.checkpoint is not None:
+    if recovered:
+        L.append(f"  {describe_recovered(recovered)}")
+    elif src.unrecovered:
+        L.append(f"  canonical tensors: not recovered ({src.unrecovered}); onnxruntime runs it as it is")
+    if "checkpoint" in d:
         L.append(f"  checkpoint: step {src.checkpoint.global_step}, sha256 {src.checkpoint.sha256[:16]}…, "
                  f"top-level keys {', '.join(src.checkpoint.top_keys)}")
     if "onnx" in d:
@@ -133,7 +146,7 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
     if not norm:
         L.append("  normalizer: none (normalize: false)")
     for n in norm:
-        steps = "folded into the ONNX" if n["steps"] is None else f"{n['steps']:,} steps"
+        steps = "steps folded into the ONNX" if n["steps"] is None else f"{n['steps']:,} steps"
         L.append(f"  normalizer {n['input']} [{n['size']}]: {steps}, mean {g(n['mean_range'][0], 4)}..{g(n['mean_range'][1], 4)}"
                  + (f", variance {g(n['variance_range'][0], 4)}..{g(n['variance_range'][1], 4)}" if "variance_range" in n else "")
                  + f", divisor {g(n['divisor_range'][0], 4)}..{g(n['divisor_range'][1], 4)}")

@@ -72,6 +72,7 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
         note = " (over the bf16 threshold: not for production)" if row["status"] == WARN and row["dtype"] == "bfloat16" else ""
         r.lines.append(f"{head} {'; '.join(parts)}{note}")
     if src.kind == KIND_ONNX:
-        r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors")
+        r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors"
+                       + (": --runtime torch uses those recovered from it" if src.has_tensors else ""))
     return r
 

@@ -2,9 +2,11 @@
 observation feeds, and which runtime runner (runtime/: torch eager on cpu/cuda/npu, onnxruntime on
 CPU / CUDA EP) runs it.
 
-An ONNX carries no canonical tensors: it runs through onnxruntime in float32 only. Where a mode
-or a device/dtype needs the tensors (dtype casting, torch on an NPU), the error says so and the
-command exits 2.
+An ML-Agents ONNX is read back into its canonical policy (``converter.from_onnx``): it runs through
+onnxruntime as it is (the default), and through torch from the recovered tensors (``--runtime torch``,
+any dtype and device). An ONNX whose graph is not ML-Agents' export, node for node, but whose inputs and
+outputs are, still runs in onnxruntime (float32); where a mode needs the tensors the error says why
+they could not be recovered, and the command exits 2.
 """
 from __future__ import annotations
 
@@ -122,37 +124,6 @@ class OnnxView:
                         return mean, self.tensor(d.input[1])
         return None, None
 
-    def spec(self) -> PolicySpec:
-        dims = dict(self.inputs)
-        obs = []
-        while C.OBS_INPUT.format(i=len(obs)) in dims:
-            w = dims[C.OBS_INPUT.format(i=len(obs))]
-            obs.append(int(w[1]) if len(w) > 1 and w[1] else 0)
-        cont = 0
-        for o in self.model.graph.output:
-            if o.name in (C.OUT_CONT_DET, C.OUT_CONT):
-                d = o.type.tensor_type.shape.dim
-                if len(d) > 1 and d[1].HasField("dim_value"):
-                    cont = int(d[1].dim_value)
-        if not cont:
-            v = self.output_constant(C.OUT_CONT_SHAPE)
-            cont = int(v.reshape(-1)[0]) if v is not None and v.size else 0
-        branches: Tuple[int, ...] = ()
-        v = self.output_constant(C.OUT_DISC_SHAPE)
-        if v is not None:
-            branches = tuple(int(x) for x in v.reshape(-1))
-        mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
-        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and C.SCOPE_BODY_MARK in n.name]
-        hidden = 0
-        if body:
-            w = self.tensor(body[0].input[1])
-            hidden = int(w.shape[0]) if w is not None else 0
-        sac = any(n.op_type == "Tanh" and C.OUT_CONT in n.output for n in self.model.graph.node)
-        normalize = bool(obs) and self.obs_scale(0)[0] is not None
-        return PolicySpec(algorithm="sac" if sac else "ppo", obs_sizes=tuple(obs), normalize=normalize,
-                          hidden_units=hidden, num_layers=len(body), continuous_size=cont,
-                          discrete_branches=branches, memory_size=mem, notes=("read from an ONNX graph",))
-
     def parameter_counts(self) -> Tuple[int, int]:
         """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/Add initializers."""
         lin, sig = 0, 0
@@ -174,7 +145,8 @@ class OnnxView:
 # --- sources -----------------------------------------------------------------------------
 @dataclass
 class Source:
-    """One input of a mode: a policy with canonical tensors, or an ONNX without them."""
+    """One input of a mode: a policy with canonical tensors (a checkpoint, a canonical file, an ML-Agents
+    ONNX read back), or an ONNX whose tensors could not be recovered (``unrecovered`` says why)."""
 
     path: Path
     kind: str
@@ -184,6 +156,7 @@ class Source:
     model: Optional[object] = None  # onnx.ModelProto for an ONNX input
     run_dir: Optional[Path] = None
     load_seconds: float = 0.0
+    unrecovered: Optional[str] = None  # an ONNX input: why its canonical tensors could not be recovered
     _cache: Dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
@@ -218,8 +191,9 @@ class Source:
 
     def require_tensors(self, what: str) -> None:
         if self.policy is None:
-            raise UnsupportedError(f"{what} is not available for an ONNX input: it carries no canonical tensors "
-                                   "(give the .pt checkpoint or the .safetensors policy)", self.path)
+            raise UnsupportedError(f"{what} needs canonical tensors, and none could be recovered from this ONNX "
+                                   f"({self.unrecovered or 'no tensors'}); give the .pt checkpoint or the "
+                                   ".safetensors policy", self.path)
 
     def obs_scale(self) -> List[Tuple[np.ndarray, np.ndarray]]:
         """Per observation: (running_mean, divisor) as float32, the divisor folded exactly as the
@@ -279,19 +253,28 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
         pol = load_policy(p)
         src = Source(p, KIND_POLICY, pol.spec, policy=pol)
     elif suffix == ".onnx":
-        m = load_onnx(p)
-        try:
-            spec = OnnxView(m).spec()
-        except Exception as exc:
-            raise InputError(f"not an ML-Agents policy ONNX ({type(exc).__name__}: {str(exc)[:120]})", p) from None
-        if not spec.obs_sizes or not (spec.continuous_size or spec.discrete_branches):
-            raise InputError("not an ML-Agents policy ONNX (no observation widths or no action outputs)", p)
-        src = Source(p, KIND_ONNX, spec, model=m)
+        src = _onnx_source(p)
     else:
         raise InputError(f"unknown input type '{suffix or p.name}': give a .pt checkpoint, a .safetensors policy, "
                          "an .onnx model or a run directory", p)
     src.load_seconds = time.perf_counter() - t0
     return src
+
+
+def _onnx_source(p: Path) -> Source:
+    """An ONNX input: its canonical policy recovered (``converter.from_onnx``; the divisors are the
+    graph's own), or, for a graph with ML-Agents' inputs and outputs that is not its export node for
+    node, the spec its I/O says and why the tensors could not be recovered."""
+    from ..converter import policy_from_checkpoint
+    from ..converter.from_onnx import checkpoint_from_onnx, infer_spec
+
+    m, data = read_onnx(p)
+    try:
+        ckpt = checkpoint_from_onnx(p, m, data)
+    except InputError as exc:
+        return Source(p, KIND_ONNX, infer_spec(m, p), model=m, unrecovered=exc.message)
+    pol = policy_from_checkpoint(ckpt).policy
+    return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m)
 
 
 # --- observations ------------------------------------------------------------------------
@@ -384,22 +367,21 @@ def make_feed(src: Source, obs: str = "random", rows: int = 1, seed: int = 0) ->
 # --- runners (runtime/) -------------------------------------------------------------------
 def make_runner(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto") -> Runner:
     """A runtime runner for ``src``: torch eager for a policy, onnxruntime for an ONNX (``runtime``
-    forces one; onnxruntime on a policy runs the ONNX rebuilt from it)."""
+    forces one; onnxruntime on a policy runs the ONNX rebuilt from it, torch on an ONNX the module
+    built from the tensors recovered from it)."""
     if runtime == "auto":
         runtime = RUNTIME_ORT if src.kind == KIND_ONNX else RUNTIME_TORCH
     if runtime == RUNTIME_TORCH:
-        if src.kind == KIND_ONNX:
-            raise UnsupportedError("the torch runtime is not available for an ONNX input: it carries no canonical "
-                                   "tensors (give the .pt checkpoint or the .safetensors policy)", src.path)
         src.require_tensors("the torch runtime")
         if dtype not in DTYPES:
             raise DeviceError(f"unknown dtype '{dtype}': choose float32, float16 or bfloat16")
         return ModuleRunner.build(src.policy, device, dtype)
     if runtime == RUNTIME_ORT:
         if dtype != "float32":
-            what = "an ONNX input" if src.kind == KIND_ONNX else "the onnxruntime runtime"
-            raise DeviceError(f"--dtype {dtype} is not available for {what}: the ONNX is float32 and casting needs "
-                              "canonical tensors (use the torch runtime on the .pt or .safetensors)", src.path)
+            what = "an ONNX input in onnxruntime" if src.kind == KIND_ONNX else "the onnxruntime runtime"
+            how = ("--runtime torch casts the canonical tensors recovered from it" if src.has_tensors else
+                   "casting needs canonical tensors (use the torch runtime on the .pt or .safetensors)")
+            raise DeviceError(f"--dtype {dtype} is not available for {what}: the ONNX is float32; {how}", src.path)
         return OrtRunner(src.reference_onnx(), device, spec=src.spec, path=src.path)
     raise InputError(f"unknown runtime '{runtime}': choose torch, onnxruntime or auto")
 

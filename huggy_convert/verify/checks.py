@@ -79,7 +79,8 @@ def check_safetensors(policy: Policy, ckpt: Optional[Checkpoint], path_name: str
     n = len(policy.tensors) - len(derived)
     c.figures = {"tensors": n, "bitwise_equal": equal, "file": path_name, "checkpoint_sha256": ckpt.sha256,
                  "divisor": div_line}
-    c.summary = f"{equal}/{n} tensors bitwise equal to their checkpoint keys" + (f"; divisor {div_line}" if div_line else "")
+    whose = f"the tensors recovered from {ckpt.path.name}" if ckpt.recovered else "their checkpoint keys"
+    c.summary = f"{equal}/{n} tensors bitwise equal to {whose}" + (f"; divisor {div_line}" if div_line else "")
     if bad:
         c.status = FAIL
         c.summary += "; " + bad[0] + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
