@@ -40,7 +40,7 @@ class DefaultGroup(click.Group):
             fail(from_foreign(e, getattr(e, "filename", None)))
 
     def format_usage(self, ctx, formatter):
-        formatter.write_usage("huggy-convert", "CHECKPOINT|RUN_DIR OUT/ [OPTIONS]  |  huggy-convert COMMAND [ARGS]...")
+        formatter.write_usage("huggy-convert", "CHECKPOINT|ONNX|RUN_DIR OUT/ [OPTIONS]  |  huggy-convert COMMAND [ARGS]...")
 
 
 def fail(err: HuggyError, as_json: bool = False) -> None:
@@ -99,6 +99,7 @@ def main():
 
     \b
     huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
+    huggy-convert Huggy.onnx out/            an ML-Agents ONNX alone, read back into its policy
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert verify out/                re-check the artifacts in out/
 
@@ -128,7 +129,7 @@ def main():
 @with_options(tolerance_options)
 def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
                 atol, rtol, cosine, devices, dtypes):
-    """Convert a checkpoint (or every checkpoint of a run directory) into OUT/."""
+    """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/."""
     from .pipeline import ConvertOptions, convert_one
 
     def go():
@@ -172,7 +173,8 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 @main.command("verify", cls=Command)
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with")
-@click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint (enables check 1)")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint, or the ONNX a policy was "
+              "recovered from (enables check 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
 @with_options(tolerance_options)
 def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices, dtypes):

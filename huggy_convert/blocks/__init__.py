@@ -14,7 +14,9 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   ``exporters.torch_module.PolicyModule`` loops over them, one forward path for ``forward`` and ``sample``;
 - its float64 reference with error bounds (``reference_init``, ``reference_observe`` /
   ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
-- its probe inputs (``probe``) — ``runtime.feeds.make_probes`` merges them.
+- its probe inputs (``probe``) — ``runtime.feeds.make_probes`` merges them;
+- the way back from an ONNX alone (``state_template``: its keys for a spec as placeholders;
+  ``onnx_recover``: the inverse of what its ONNX nodes transform) — ``converter.from_onnx`` loops over them.
 
 :data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
 memory; outputs: the actor's header, continuous, discrete, memory). The computation runs stage by

@@ -15,6 +15,8 @@ OUT_DISC = "discrete_actions"
 OUT_DISC_SHAPE = "discrete_action_output_shape"
 OUT_DISC_DET = "deterministic_discrete_actions"
 RECURRENT_OUT = "recurrent_out"
+OUTPUTS = (OUT_VERSION, OUT_MEMORY, OUT_CONT, OUT_CONT_SHAPE, OUT_CONT_DET, OUT_DISC, OUT_DISC_SHAPE, OUT_DISC_DET,
+           RECURRENT_OUT)  # every output an ML-Agents policy can have, in Unity's order
 NOISE_INPUT = "epsilon"  # only in our --noise-input variant: the RandomNormalLike draw as an input
 BATCH_DIM = "batch"
 ONNX_OPSET_DEFAULT = 9

@@ -62,12 +62,11 @@ def _not_ml_agents(what: str, path) -> InputError:
 def infer_spec(model, path=None) -> PolicySpec:
     """The PolicySpec an ML-Agents graph's I/O and layer count say: observations from ``obs_i``'s widths,
     the continuous head from its outputs, the discrete branches from the constant behind
-    ``discrete_action_output_shape``, the memory from ``recurrent_in``, the normalizer from a folded
-    divisor, SAC from the Tanh of the sampled action, the body from its Sigmoids (one per Swish) and the
-    first Gemm's width. ``InputError`` naming what is not an ML-Agents policy's."""
+    ``discrete_action_output_shape``, the memory from ``recurrent_in``, the normalizer from a Sub on
+    ``obs_0`` (its mean), SAC from the Tanh of the sampled action, the body from its Sigmoids (one per
+    Swish) and the first Gemm's width. ``InputError`` naming what is not an ML-Agents policy's; the
+    rest of the graph is checked by :func:`match_graph`."""
     from onnx import numpy_helper
-
-    from .reference import divisor_initializers
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -88,6 +87,10 @@ def infer_spec(model, path=None) -> PolicySpec:
     if n_obs != len(obs):
         raise _not_ml_agents(f"observation inputs are not {C.OBS_INPUT.format(i=0)}..{C.OBS_INPUT.format(i=n_obs - 1)}", path)
     outputs = {o.name: o for o in g.output}
+    for name in outputs:
+        if name not in C.OUTPUTS:
+            raise _not_ml_agents(f"unexpected output {clip(repr(name), 60)} (an ML-Agents policy's outputs are "
+                                 f"{', '.join(C.OUTPUTS)})", path)
     producer = {o: n for n in g.node for o in n.output}
     alias = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and len(n.input) == 1}
 
@@ -128,9 +131,10 @@ def infer_spec(model, path=None) -> PolicySpec:
     if bias is None or bias.ndim != 1:
         raise _not_ml_agents(f"the first Gemm ({clip(gemms[0].name or '', 60)!r}) has no bias initializer", path)
     sac = bool(cont) and C.OUT_CONT in producer and producer[C.OUT_CONT].op_type == "Tanh"
+    normalize = bool(obs) and any(n.op_type == "Sub" and n.input[:1] == [C.OBS_INPUT.format(i=0)] for n in g.node)
     try:
         spec = PolicySpec(algorithm=C.TRAINER_SAC if sac else C.TRAINER_PPO, obs_sizes=tuple(obs),
-                          normalize=bool(divisor_initializers(model)), hidden_units=int(bias.shape[0]),
+                          normalize=normalize, hidden_units=int(bias.shape[0]),
                           num_layers=layers, continuous_size=cont, discrete_branches=branches, memory_size=memory)
     except HuggyError as exc:
         raise _not_ml_agents(exc.message, path) from None
@@ -323,8 +327,11 @@ def recover_state_dict(model, path=None) -> Tuple[Dict[str, np.ndarray], PolicyS
             raise _not_ml_agents(f"the initializer in the place of {clip(repr(name), 90)} is {_value_text(a)}, "
                                  f"ML-Agents' is float32{list(shapes[name])}", path)
     sd = dict(template)
-    for b in blocks.active(spec):
-        b.onnx_recover(spec, found, sd)
+    try:
+        for b in blocks.active(spec):
+            b.onnx_recover(spec, found, sd)
+    except HuggyError as exc:
+        raise _not_ml_agents(exc.message, path) from None
     for name, a in found.items():
         if name not in sd:
             raise RuntimeError(f"initializer {name!r} of the template is no key and no block recovers it")
