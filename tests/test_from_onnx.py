@@ -293,6 +293,11 @@ def _contradicting_constant(m):
     return m
 
 
+def _output_width(m):
+    next(o for o in m.graph.output if o.name == C.OUT_CONT).type.tensor_type.shape.dim[1].dim_value = 20
+    return m
+
+
 def _unread_initializer(m):
     m.graph.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "stray"))
     return m
@@ -303,7 +308,8 @@ BAD = [(_tiny, "unexpected output 'y'"), (_extra_node, "node 1 (Relu) where ML-A
        (_renamed_output, "unexpected output 'actions'"), (_clip_bound, "'max': 4.0"),
        (_negative_divisor, f"the {C.OBS_INPUT.format(i=0)} normalizer divisor [3]"),
        (_contradicting_constant, "says [20.0] but the mu layer says [21]"),
-       (_unread_initializer, "unexpected initializer 'stray' (no node reads it)")]
+       (_unread_initializer, "unexpected initializer 'stray' (no node reads it)"),
+       (_output_width, f"the output '{C.OUT_CONT}' is float['batch', 20], ML-Agents' is float['batch', 21]")]
 
 
 @pytest.mark.parametrize("make,says", BAD, ids=[f.__name__.strip("_") for f, _ in BAD])

@@ -99,6 +99,9 @@ def infer_spec(model, path=None) -> PolicySpec:
         for _ in range(4):  # the output's Identity, then torch 2.x's dedup Identity
             if name in inits:
                 return numpy_helper.to_array(inits[name])
+            n = producer.get(name)
+            if n is not None and n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                return numpy_helper.to_array(n.attribute[0].t)
             name = alias.get(name)
             if name is None:
                 return None
@@ -232,6 +235,13 @@ def _value_text(a: np.ndarray) -> str:
     return f"{a.dtype}{list(a.shape)}" + (f" {clip(a.reshape(-1)[:4].tolist(), 40)}" if a.size else "")
 
 
+def _io_text(elem_type: int, dims) -> str:
+    from onnx import TensorProto
+
+    kind = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
+    return f"{kind.lower()}{['batch' if d is None else d for d in dims]}"
+
+
 def _same_value(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -242,6 +252,17 @@ def match_graph(model, reference, path=None, collect: bool = True) -> Dict[str, 
     ``collect``, the reference's initializers are placeholders: returns {reference initializer name:
     the value ``model`` has in its place}. The first difference is an ``InputError``."""
     ours, ref = _Flat(model), _Flat(reference)
+    for which in ("input", "output"):  # names, element types and fixed dims (a batch dim's name aside)
+        mine = {v.name: v for v in getattr(model.graph, which) if v.name not in ours.origin}
+        for v in getattr(reference.graph, which):
+            if v.name in ref.origin:
+                continue
+            got = mine.get(v.name)
+            a = None if got is None else (got.type.tensor_type.elem_type, _dims(got))
+            b = (v.type.tensor_type.elem_type, _dims(v))
+            if a != b:
+                raise _not_ml_agents(f"the {which} {v.name!r} is " + ("missing" if a is None else _io_text(*a))
+                                     + f", ML-Agents' is {_io_text(*b)}", path)
     found: Dict[str, np.ndarray] = {}
     for pos, ((k, n), (rk, r)) in enumerate(zip(ours.nodes, ref.nodes)):
         where = describe_node(k, n)
