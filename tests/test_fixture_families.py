@@ -16,7 +16,8 @@ FAMILIES = FIXTURES / "families"
 MANIFEST = json.loads((FAMILIES / "manifest.json").read_text())
 RUNS = {r["name"]: r for r in MANIFEST["runs"]}
 EXPECTED = ["visual_simple", "visual_nature_cnn", "visual_resnet", "visual_match3",
-            "visual_fully_connected", "visual_vector", "attention", "goal_hyper", "goal_none"]
+            "visual_fully_connected", "visual_vector", "attention", "goal_hyper", "goal_none",
+            "visual_simple_mlagents030", "attention_mlagents030"]
 
 
 def test_every_family_run_is_listed():
@@ -48,4 +49,10 @@ def test_onnx_inputs_have_the_recorded_shapes(name):
     shapes = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
               for i in model.graph.input if i.name not in init}
     for obs in run["observations"]:
-        assert shapes[obs["onnx_input"]] == obs["onnx_shape"] == ["batch"] + obs["shape"]
+        assert shapes[obs["onnx_input"]] == obs["onnx_shape"]
+        if obs.get("layout") == "HWC":  # mlagents 0.30: an HWC spec, exported as NCHW
+            h, w, c = obs["shape"]
+            assert obs["onnx_shape"] == ["batch", c, h, w]
+        else:
+            assert obs["onnx_shape"] == ["batch"] + obs["shape"]
+    assert run["versions"]["mlagents"] == ("0.30.0" if name.endswith("_mlagents030") else "1.1.0")
