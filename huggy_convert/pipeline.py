@@ -209,7 +209,10 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
             rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
                          subject=f"{arts.stem} ({src.name})",
                          written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True)
-            if official is None:
+            if ckpt.recovered is not None:
+                rep.notes.insert(0, f"the policy was recovered from {src.name} (converter.from_onnx): verified against "
+                                    f"{reference.name if reference else 'no official ONNX'} as the official file")
+            elif official is None:
                 rep.notes.insert(0, f"no official ONNX found beside {src.name} "
                                     f"({src.with_suffix(SUFFIXES[ONNX]).name})"
                                     + ("; use --reference to name one" if suggest_reference else ""))

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
+from conftest import FIXTURES, HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
 from onnx import helper, numpy_helper
 
 from huggy_convert import contract as C
@@ -18,6 +18,7 @@ from huggy_convert.cli import main
 from huggy_convert.converter import load_checkpoint, load_policy, policy_from_checkpoint
 from huggy_convert.converter.from_onnx import checkpoint_from_onnx, recovered_record
 from huggy_convert.converter.reference import official_divisors
+from huggy_convert.errors import UnsupportedError
 from huggy_convert.exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 from huggy_convert.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
@@ -235,6 +236,44 @@ def test_names_and_dedup_do_not_matter(tmp_path):
     p.write_bytes(m.SerializeToString())
     a, b = recover(p), recover(root)
     assert a.spec == b.spec and all(a.tensors[k].tobytes() == v.tobytes() for k, v in b.tensors.items())
+
+
+FAMILIES = FIXTURES / "families"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FAMILIES.iterdir() if p.is_dir()) if FAMILIES.is_dir() else [])
+def test_the_observation_families_read_from_an_onnx_as_from_their_checkpoint(name):
+    """fixtures/families (cameras, attention, goal conditioning; ML-Agents 1.1.0 and 0.30.0 with torch 1.11):
+    an ONNX alone gives what its checkpoint gives: the same tensors (goal conditioning 'none' is two vector
+    observations), or the same 'not supported yet: <family>' refusal, named from the graph."""
+    root, pt = deployed(FAMILIES / name)
+    try:
+        want = prepare_conversion(load_checkpoint(pt), root).conversion.policy
+    except UnsupportedError as exc:
+        with pytest.raises(UnsupportedError) as got:
+            checkpoint_from_onnx(root)
+        assert got.value.message.split(" (")[0] == exc.message.split(" (")[0], (got.value.message, exc.message)
+        return
+    pol = recover(root)  # a family whose checkpoint converts must read from its ONNX too
+    assert pol.spec == want.spec
+    skip = {C.c_norm(i, f) for i, _ in want.spec.vector_obs for f in (C.NORM_STEPS, C.NORM_VAR)} if want.spec.normalize else set()
+    assert all(pol.tensors[k].tobytes() == v.tobytes() for k, v in want.tensors.items() if k not in skip)
+
+
+def test_a_camera_onnx_without_its_names_is_still_named_by_its_input(tmp_path):
+    """With the parameter names gone (nothing says 'conv_layers'), the input's rank says which family it is."""
+    if not (FAMILIES / "visual_simple").is_dir():
+        pytest.skip("fixture family visual_simple not present")
+    m = onnx.load(str(deployed(FAMILIES / "visual_simple")[0]))
+    rename = {t.name: f"w{k}" for k, t in enumerate(m.graph.initializer)}
+    for t in m.graph.initializer:
+        t.name = rename[t.name]
+    for n in m.graph.node:
+        n.input[:] = [rename.get(x, x) for x in n.input]
+    p = tmp_path / "cam.onnx"
+    p.write_bytes(m.SerializeToString())
+    line = cli(p, tmp_path / "out", code=2).stderr.strip()
+    assert "not supported yet: visual observations" in line and f"input '{C.OBS_INPUT.format(i=0)}' [3, 20, 20]" in line
 
 
 # --- not ML-Agents' graphs: one line, exit 2, naming what is unexpected, nothing written --------------------

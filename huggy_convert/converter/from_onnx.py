@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import blocks
 from .. import contract as C
-from ..errors import HuggyError, InputError
+from ..errors import HuggyError, InputError, UnsupportedError
 from .checkpoint import Checkpoint, clip
 from .spec import PolicySpec
 
@@ -70,6 +70,10 @@ def infer_spec(model, path=None) -> PolicySpec:
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
+    for name in inits:  # torch keeps a parameter's key as its initializer's name: say which family it is
+        for pat, what in C.UNSUPPORTED_PATTERNS:
+            if pat.search(name):
+                raise UnsupportedError(f"not supported yet: {what} (initializer {clip(repr(name), 80)})", path)
     inputs = {i.name: _dims(i) for i in g.input if i.name not in inits}
     obs_prefix = C.OBS_INPUT.format(i="")
     known = (C.ACTION_MASKS, C.RECURRENT_IN)
@@ -80,6 +84,10 @@ def infer_spec(model, path=None) -> PolicySpec:
     obs = []
     while C.OBS_INPUT.format(i=len(obs)) in inputs:
         dims = inputs[C.OBS_INPUT.format(i=len(obs))]
+        if len(dims) in (3, 4):  # the names stripped: the input's rank still says which family
+            what = {3: "variable-length (entity) observations", 4: "visual observations (CNN encoders)"}[len(dims)]
+            raise UnsupportedError(f"not supported yet: {what} (input {C.OBS_INPUT.format(i=len(obs))!r} "
+                                   f"{dims[1:]})", path)
         if len(dims) != 2 or not dims[1]:
             raise _not_ml_agents(f"input {C.OBS_INPUT.format(i=len(obs))!r} has the dims {dims}, not [batch, width]", path)
         obs.append(int(dims[1]))
