@@ -190,6 +190,42 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices,
     sys.exit(run_guarded(go, as_json, out))
 
 
+@main.command("to-checkpoint", cls=Command)
+@click.argument("policy", type=click.Path(path_type=Path), metavar="POLICY.safetensors")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--global-step", type=click.IntRange(0, 2 ** 63 - 1), default=None,
+              help="the step stored in the file (default: the policy's training step; --initialize-from "
+                   "restarts at 0 anyway, --resume continues from it)")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+def to_checkpoint_cmd(policy, out, global_step, as_json):
+    """Write OUT/checkpoint.pt, the file ML-Agents 1.1.0 initializes a run from: the Policy state dict
+    under ML-Agents' key names, dtypes and shapes (normalizer alias keys and int64 step counts included)
+    and global_step. The optimizer, critic and reward-signal state are not in a canonical policy:
+    ML-Agents starts them fresh (it logs 'Failed to load for module ...' for each)."""
+    from .pipeline import to_checkpoint
+
+    def go():
+        res = to_checkpoint(policy, out, global_step)
+        s = res.summary()
+        if as_json:
+            click.echo(json.dumps(s, indent=2))
+            return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+        rb = s["read_back"]
+        click.echo(f"{policy} -> {res.path}")
+        click.echo(f"  {s['family']}, step {res.global_step}")
+        click.echo(f"  wrote {res.path.name}  sha256 {res.sha256[:16]}…  ({len(res.keys)} keys of "
+                   f"{s['modules'][0]} + {s['modules'][1]}; no optimizer or critic: ML-Agents starts them fresh)")
+        click.echo(f"  {'✓' if res.ok else '✗'} read back: spec {'equal' if rb['spec_equal'] else 'DIFFERS'}, "
+                   f"{rb['bitwise_equal']}/{rb['tensors']} tensors bitwise equal, step {rb['training_step']}")
+        first, *rest = s["usage"]
+        click.echo(f"  use: {first}")
+        for line in rest:
+            click.echo(f"       {line}")
+        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+
+    sys.exit(run_guarded(go, as_json, policy))
+
+
 from .modes import register as _register_modes  # noqa: E402 (the modes register on the group above)
 
 _register_modes(main)
