@@ -87,7 +87,7 @@ class Normalizer(Block):
         if not policy.spec.normalize:
             return
         exact = policy.exact_steps
-        for i in range(len(policy.spec.obs_sizes)):
+        for i, _ in policy.spec.vector_obs:
             pre, alias, name = C.NORM_PREFIX.format(i=i), C.NORM_ALIAS_PREFIX.format(i=i), C.c_norm(i, C.NORM_STEPS)
             steps = float(policy.tensors[name].reshape(-1)[0])
             count = exact.get(name, steps)
