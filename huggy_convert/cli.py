@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from . import contract as C
 from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 from .modes.commands import Command  # one-line usage errors (the modes' command class)
 
@@ -109,8 +110,8 @@ def main():
 @main.command("convert", cls=Command)
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--opset", type=click.IntRange(9, 15), default=9, show_default=True,
-              help="ONNX opset of the rebuilt model (9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 on CANN 5/6)")
+@click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
+              show_default=True, help=f"ONNX opset of the rebuilt model ({C.opset_story()})")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside the checkpoint)")
 @click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
@@ -146,16 +147,21 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 
             return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
         res = convert_one(source, out, opts)
+        s, atc = res.summary(), res.atc()
+        s["atc"] = atc
         if as_json:
-            click.echo(json.dumps(res.summary(), indent=2))
+            click.echo(json.dumps(s, indent=2))
         else:
-            s = res.summary()
+            from .exporters.atc import render
+
             click.echo(f"{source} -> {out}/")
             click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {s['training_step']}")
             if s.get("divisor"):
                 click.echo(f"  divisor: {s['divisor']}")
             for kind, a in res.artifacts.items():
                 click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
+            for line in render(atc) if atc else ():
+                click.echo(line)
             if res.report is not None:
                 click.echo(res.report.render())
             click.echo(f"  {res.seconds:.2f} s")

@@ -76,6 +76,16 @@ class ConvertResult:
         return d
 
 
+    def atc(self) -> Optional[Dict[str, object]]:
+        """The ``atc`` command for the ``.onnx`` written (``exporters.atc``), read off the file."""
+        a = self.artifacts.get(ONNX)
+        if a is None:
+            return None
+        from .exporters.atc import atc_plan
+
+        return atc_plan(onnx.load(a["path"]), a["path"], self.conversion.policy.spec)
+
+
 def default_reference(ckpt_path: Path) -> Optional[Path]:
     """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt)."""
     p = ckpt_path.with_suffix(SUFFIXES[ONNX])
@@ -173,7 +183,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     ``.pt2`` writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture);
     ``profile``: the VerifyOptions (default: the options'); ``notes``: added to the report.
     Every artifact is built in memory before the first is written, so bad input leaves nothing."""
-    from .exporters.devices import check_devices
+    from .verify.engine import check_devices
     from .verify import Reference, VerifyOptions, verify
     from .verify.engine import report_bytes
 
@@ -220,7 +230,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
     """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
-    from .exporters.devices import check_devices
+    from .verify.engine import check_devices
     from .verify import Reference, verify, write_report
 
     check_devices(getattr(options, "devices", None))
