@@ -21,7 +21,10 @@ ONNX_OPSET_DEFAULT = 9  # what ML-Agents' exporter writes
 ONNX_OPSETS = tuple(range(9, 16))  # what this tool rebuilds: 9..15
 
 # --- Where each runtime takes an ONNX: the one opset story of the help texts, the README and the atc hint
-# (runtime, first opset, last opset, what says so)
+# (runtime, first opset, last opset, what says so). ATC: hiascend.com "ONNX算子规格" pages of CANN 5.0.4
+# (canncommercial/5046 .../atctool/atlasatc_16_0164.html) and 6.0.1 (canncommercial/601
+# .../atctool/atctool_0178.html): "ONNX 1.8.0, Opset v9~v13"; CANN 7.0.0 (canncommercial/700
+# .../atctool/atlasatc_16_0201.html): "ONNX 1.12.0, Opset v9~v18".
 OPSET_TARGETS = (
     ("Barracuda", 9, 9, "Unity Barracuda (ML-Agents' own target): its opset-13 Clip/Slice/Squeeze forms are not for it"),
     ("Unity Sentis", 7, 15, "Sentis imports opset 7-15 (newer releases more)"),
