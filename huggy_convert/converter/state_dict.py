@@ -88,7 +88,7 @@ def checkpoint_dict(policy, global_step: int) -> Dict[str, Dict[str, object]]:
 
 def checkpoint_bytes(policy, global_step: int) -> bytes:
     """The bytes of the ``checkpoint.pt`` (``torch.save`` of :func:`checkpoint_dict`; plain tensors in
-    dicts, so ``torch.load(weights_only=True)`` reads it)."""
+    dicts, which torch's weights-only loader reads)."""
     import torch
 
     buf = io.BytesIO()
