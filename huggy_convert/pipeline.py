@@ -306,7 +306,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
 
     from .converter import load_policy, map_policy
     from .converter.policy_file import atomic_write_bytes
-    from .converter.state_dict import checkpoint_bytes, policy_state_dict
+    from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 
     src = Path(source)
     if src.suffix != SUFFIXES[SAFETENSORS]:
@@ -316,8 +316,9 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     if global_step is None:
         recorded = policy.metadata.get("training_step", "")
         global_step = int(recorded) if recorded.isdigit() else 0
-    data = checkpoint_bytes(policy, global_step)
-    keys = list(policy_state_dict(policy))
+    ckpt = checkpoint_dict(policy, global_step)
+    data, keys = checkpoint_bytes(ckpt), list(ckpt[C.CKPT_POLICY])
+    del ckpt
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)

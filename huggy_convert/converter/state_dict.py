@@ -86,11 +86,11 @@ def checkpoint_dict(policy, global_step: int) -> Dict[str, Dict[str, object]]:
     return {C.CKPT_POLICY: policy_state_dict(policy), C.CKPT_GLOBAL_STEP: {C.GLOBAL_STEP_KEY: step}}
 
 
-def checkpoint_bytes(policy, global_step: int) -> bytes:
-    """The bytes of the ``checkpoint.pt`` (``torch.save`` of :func:`checkpoint_dict`; plain tensors in
-    dicts, which torch's weights-only loader reads)."""
+def checkpoint_bytes(checkpoint: Dict[str, Dict[str, object]]) -> bytes:
+    """The bytes of the ``checkpoint.pt``: ``torch.save`` of :func:`checkpoint_dict`'s dict (plain tensors
+    in dicts, which torch's weights-only loader reads; the same dict, the same bytes)."""
     import torch
 
     buf = io.BytesIO()
-    torch.save(checkpoint_dict(policy, global_step), buf)
+    torch.save(checkpoint, buf)
     return buf.getvalue()
