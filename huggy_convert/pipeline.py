@@ -16,7 +16,7 @@ import onnx
 from . import contract as C
 from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
                         locked, make_dirs)
-from .converter import Checkpoint, Conversion, policy_from_checkpoint, read_source
+from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint, read_source
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record
 from .errors import InputError

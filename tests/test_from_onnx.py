@@ -9,6 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import FIXTURES, HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
 from onnx import helper, numpy_helper
@@ -23,7 +24,7 @@ from huggy_convert.exporters.onnx_export import build_onnx, model_bytes, with_no
 from huggy_convert.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import ort_run, ort_session
-from huggy_convert.runtime.feeds import make_noise, make_probes
+from huggy_convert.runtime.feeds import make_probes
 
 RUNS = {"huggy": HUGGY_RUN, **{n: VARIANTS / n for n in variant_names()}}
 HUGGY_ONNX = HUGGY_RUN / "Huggy.onnx"
@@ -161,6 +162,12 @@ def test_convert_an_onnx_alone(tmp_path):
     assert f"recovered from the ONNX {HUGGY_ONNX.name}" in info and "steps folded into the ONNX" in info
     d = json.loads(cli("info", HUGGY_ONNX, "--json").stdout)
     assert d["recovered_from"]["kind"] == "onnx" and "checkpoint" not in d
+    # back into ML-Agents: the normalizer counts one step, its variance is D^2 (README, "Only an ONNX")
+    assert json.loads(cli("to-checkpoint", out / "Huggy.safetensors", tmp_path / "ck", "--json").stdout)["read_back"]
+    sd = load_checkpoint(tmp_path / "ck" / C.CHECKPOINT_FILE).policy
+    steps, var = (sd[C.NORM_PREFIX.format(i=0) + f] for f in (C.NORM_STEPS, C.NORM_VAR))
+    assert steps.dtype == torch.int64 and steps.shape == () and int(steps) == 1
+    assert var.numpy().tobytes() == pol.tensors[C.c_norm(0, C.NORM_VAR)].tobytes()
 
 
 @pytest.mark.parametrize("name", [n for n in ("lstm", "hybrid") if n in RUNS])
