@@ -6,6 +6,7 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,8 +218,19 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     return res
 
 
+def _artifact_folders(out: Path) -> List[Path]:
+    """``out`` and the folders below it (not hidden): a batch over several runs writes each run's
+    artifacts into ``OUT/<run>/``."""
+    folders = []
+    for dirpath, dirnames, _ in os.walk(out):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        folders.append(Path(dirpath))
+    return folders
+
+
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
-    """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
+    """Re-verify the files already in ``out_dir`` and the folders below it (one report per
+    ``<stem>.safetensors``)."""
     from .exporters.devices import check_devices
     from .verify import Reference, verify, write_report
 
@@ -226,17 +238,17 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
     out = Path(out_dir)
     if not out.is_dir():
         raise InputError("no such directory", out)
-    stems = [stem] if stem else ArtifactSet.stems(out)
-    if not stems:
+    sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in ArtifactSet.stems(d)]
+    if not sets:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     official = load_reference(Path(reference)) if reference else None
     ckpt = load_checkpoint(checkpoint) if checkpoint else None
     writer = ProgramWriter(fast=True)
     reports = []
-    for s in stems:
-        arts = ArtifactSet(out, s)
+    for folder, s in sets:
+        arts = ArtifactSet(folder, s)
         if not arts.exists(ONNX):
-            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", out)
+            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", folder)
         if ckpt is not None:
             from .converter import load_policy
 
@@ -245,7 +257,7 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
                 raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
                                  f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
         rep = verify(arts, Reference(ckpt, official, Path(reference) if reference else None, arts.path(GOLDEN)),
-                     options, subject=f"{s} ({out})", writer=writer)
+                     options, subject=f"{s} ({folder})", writer=writer)
         write_report(rep, arts.path(REPORT))
         reports.append(rep)
     return reports

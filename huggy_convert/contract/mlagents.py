@@ -16,7 +16,11 @@ GLOBAL_STEP_KEY = "_GlobalSteps__global_step"
 CKPT_KNOWN_PREFIXES = ("Optimizer:", "Module:")
 
 # --- run directory (results/<run-id>/) -------------------------------------------------
-STATUS_FILE = "run_logs/training_status.json"
+RUN_LOGS = "run_logs"
+STATUS_NAME = "training_status.json"
+STATUS_FILE = f"{RUN_LOGS}/{STATUS_NAME}"  # per behavior: its checkpoints, steps, rewards
+RUN_CONFIGURATION = "configuration.yaml"  # written at the run root when training starts
+DEPLOYED_ONNX = "{behavior}.onnx"  # at the run root: ModelSerializer's final export, copied there
 CHECKPOINT_FILE = "checkpoint.pt"  # the newest step saved a second time
 STATUS_METADATA = "metadata"
 STATUS_CHECKPOINTS = "checkpoints"

@@ -47,7 +47,8 @@ def run_inventory(run_dir) -> Dict[str, object]:
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
     from ..rundir import discover
 
-    root, status, items, warnings = discover(Path(run_dir))
+    found = discover(Path(run_dir))
+    status, items, warnings = found.status, found.items, found.warnings
     out: Dict[str, object] = {"run_dir": str(run_dir), STATUS_KEY: display_path(status) if status else None,
                               "warnings": warnings, "behaviors": {}}
     for it in items:
