@@ -4,7 +4,7 @@
 card and ``config.json``; ``mlagents-load-from-hf --local-dir downloads`` clones it into
 ``downloads/<repo-name>/`` with git-lfs (without git-lfs, every LFS-tracked file is left as a small
 pointer text). ``hub_repo`` writes that layout from a committed run directory: the chosen step
-checkpoints and their official ONNX (hard links where the file system allows), ``checkpoint.pt``,
+checkpoints and their official ONNX (copies), ``checkpoint.pt``,
 the run-root ``<Behavior>.onnx``, the tensorboard events, ``config.json``, ``configuration.yaml``,
 ``README.md``, ``run_logs/{training_status.json,timers.json,Player-0.log}`` and ``.gitattributes``;
 the status file's paths rewritten as the training machine wrote them (Colab, Windows).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path, PurePosixPath
@@ -44,18 +43,14 @@ def lfs_pointer(data: bytes) -> bytes:
 
 
 def make_pointer(path: Path) -> None:
-    """Replace ``path`` (a link to a fixture: unlinked first, the fixture stays) by its LFS pointer."""
-    data = path.read_bytes()
-    path.unlink()
-    path.write_bytes(lfs_pointer(data))
+    """Replace ``path`` by its LFS pointer."""
+    path.write_bytes(lfs_pointer(path.read_bytes()))
 
 
 def _link(src: Path, dst: Path) -> None:
+    """A copy (never a hard link: a test that writes into the clone must not write into fixtures/)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    shutil.copyfile(src, dst)
 
 
 def _rewrite(status: dict, machine: str) -> dict:
