@@ -99,7 +99,9 @@ def check_regular(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) 
 def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them: its type and size are checked
     with ``os.stat`` before it is opened, and again on the open descriptor (opened non-blocking, so a
-    FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread."""
+    FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread.
+    The one reader of every input file, so the one place a Git-LFS pointer left by a clone made
+    without git-lfs is named as such (``lfs_pointer_message``) instead of "not a checkpoint"."""
     p = Path(path)
     check_regular(p, what, limit)
     try:
