@@ -95,13 +95,13 @@ from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.checkpoint import read_input_file
 from .converter.reference import divisor_record
+from .deployed import FAILING as DEPLOYED_FAILING
+from .deployed import check_deployed
+from .deployed import describe as describe_deployed
 from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 from .exporters.pt2 import EXPORT_GATE, ProgramWriter
 from .host import host_info
 from .pipeline import ConvertOptions, convert_one
-from .deployed import FAILING as DEPLOYED_FAILING
-from .deployed import check_deployed
-from .deployed import describe as describe_deployed
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .verify.engine import CHECK_IDS
 
@@ -531,7 +531,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
                          "against its own <stem>.onnx", o.reference)
     check_out(out)
     found = discover(source, out)
-    root, status, items, warns = found.root, found.status, found.items, found.warnings
+    items = found.items
     if not items:
         raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
     if out.exists() and not out.is_dir():

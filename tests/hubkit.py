@@ -89,7 +89,7 @@ def hub_repo(dest: Path, run: Path, steps: Optional[Iterable[int]] = None, machi
             _link(p.with_suffix(".onnx"), dest / b / f"{p.stem}.onnx")
         _link(run / b / "checkpoint.pt", dest / b / "checkpoint.pt")
         _link(run / f"{b}.onnx", dest / f"{b}.onnx")
-        (dest / b / f"events.out.tfevents.1796030341.colab-vm.1234.0").write_bytes(b"\x18\x00\x00\x00\x00\x00\x00\x00"
+        (dest / b / "events.out.tfevents.1796030341.colab-vm.1234.0").write_bytes(b"\x18\x00\x00\x00\x00\x00\x00\x00"
                                                                                  b"brain.Event:2" * 8)
     if keep is not None:  # the status lists what the clone holds (keep_checkpoints removed the others)
         for b in behaviors:

@@ -14,12 +14,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from conftest import HUGGY_RUN, VARIANTS
 from fuzzkit import promise
 from hubkit import hub_repo, lfs_pointer, make_pointer
-
-from huggy_convert.cli import main
+from test_batch import batch as _cli
+from test_batch import entries as _entries
+from test_batch import manifest as _manifest
 
 SMALL_RUN = VARIANTS / "small"
 HUGGY_STEPS = (149956, 245828)
@@ -28,21 +28,6 @@ ARTIFACTS = (".safetensors", ".onnx", ".verify.json", ".golden.npz")  # --no-pro
 
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _cli(*args):
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    if r.exception and not isinstance(r.exception, SystemExit):
-        raise r.exception
-    return r.exit_code, r.stdout, r.stderr
-
-
-def _manifest(out: Path) -> dict:
-    return json.loads((out / "manifest.json").read_text())
-
-
-def _entries(out: Path) -> dict:
-    return {e["source"]: e for e in _manifest(out)["checkpoints"]}
 
 
 def _deployed(out: Path) -> dict:

@@ -52,7 +52,8 @@ def run_inventory(run_dir) -> Dict[str, object]:
     out: Dict[str, object] = {"run_dir": str(run_dir), STATUS_KEY: display_path(status) if status else None,
                               "warnings": warnings, "behaviors": {}}
     for it in items:
-        beh = out["behaviors"].setdefault(it.behavior or "(unknown)", {"checkpoints": [], "checkpoint_pt": None})
+        key = (f"{it.sub}/" if it.sub else "") + (it.behavior or "(unknown)")  # several runs: <run>/<Behavior>
+        beh = out["behaviors"].setdefault(key, {"checkpoints": [], "checkpoint_pt": None})
         if it.kind == "checkpoint":
             beh["checkpoint_pt"] = None if it.missing else display_path(it.path)
             continue
