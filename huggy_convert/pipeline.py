@@ -87,12 +87,13 @@ def default_reference(ckpt_path: Path) -> Optional[Path]:
 
 
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
-    """How the observation width splits, from the official ONNX's inputs, for a policy without
-    normalizers (``normalize: false`` keeps no per-observation tensors); None otherwise."""
+    """How the vector observations' width splits, from the official ONNX's inputs (those of shape
+    ``[batch, n]``), for a policy without normalizers (``normalize: false`` keeps no per-observation
+    tensors); None otherwise."""
     if model is None or any(C.NORMALIZER_INFIX in k for k in ckpt.policy):
         return None
     sizes = [d.type.tensor_type.shape.dim[1].dim_value for d in model.graph.input
-             if d.name.startswith(C.OBS_INPUT.format(i=""))]
+             if d.name.startswith(C.OBS_INPUT.format(i="")) and len(d.type.tensor_type.shape.dim) == 2]
     return sizes if len(sizes) > 1 and all(sizes) else None
 
 

@@ -146,3 +146,30 @@ def test_policy_bytes_refuses_non_float32():
 
     with pytest.raises(PolicyFileError):
         policy_bytes({"x": np.zeros(2, np.float64)}, {})
+
+
+def test_observation_shapes_in_the_spec():
+    """``obs_shapes`` states each observation's kind; an all-vector spec's JSON is what it was before
+    the field existed (the canonical file's bytes do not change), and a bad shape is named."""
+    import pytest as _pytest
+
+    from huggy_convert.converter.spec import PolicySpec
+    from huggy_convert.errors import SpecError
+
+    base = dict(algorithm="ppo", normalize=True, hidden_units=32, num_layers=1, continuous_size=2)
+    vec = PolicySpec(obs_sizes=(4, 3), **base)
+    assert "obs_shapes" not in vec.to_json()
+    assert vec.vector_obs == [(0, 4), (1, 3)] and vec.obs_kind(1) == "vector"
+    mixed = PolicySpec(obs_sizes=(300, 4, 30), obs_shapes=((3, 10, 10), (4,), (6, 5)), **base)
+    assert [mixed.obs_kind(i) for i in range(3)] == ["visual", "vector", "entity"]
+    assert mixed.vector_obs == [(1, 4)] and mixed.obs_total == 4
+    assert mixed.observations("visual") == [(0, (3, 10, 10))]
+    again = PolicySpec.from_json(mixed.to_json())
+    assert again == mixed and hash(again) == hash(mixed)
+    assert "3x10x10+4+6x5" in mixed.family
+    with _pytest.raises(SpecError, match="entry 0 .* does not hold obs_sizes"):
+        PolicySpec(obs_sizes=(301, 4), obs_shapes=((3, 10, 10), (4,)), **base)
+    with _pytest.raises(SpecError, match="one shape per observation"):
+        PolicySpec(obs_sizes=(300, 4), obs_shapes=((3, 10, 10),), **base)
+    with _pytest.raises(SpecError, match="1 to 3 dimensions"):
+        PolicySpec(obs_sizes=(300,), obs_shapes=((3, 10, 10, 1),), **base)

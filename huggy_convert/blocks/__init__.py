@@ -48,6 +48,7 @@ from . import actor
 from .actor import Actor
 from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
                    SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
+from ..errors import SpecError
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
@@ -74,9 +75,23 @@ def active(spec) -> List[Block]:
 
 @lru_cache(maxsize=256)
 def io_signature(spec) -> IOSignature:
+    """Every block's ports in registry order, except that the observations (each kind owned by its
+    observe block) come first and in observation order, as Unity binds them: ``obs_0``, ``obs_1``..."""
+    from .. import contract as C
+
     blocks = active(spec)
-    return IOSignature(tuple(p for b in blocks for p in b.inputs(spec)),
+    ports = [p for b in blocks for p in b.inputs(spec)]
+    order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
+    obs = sorted((p for p in ports if p.kind == OBSERVATION), key=lambda p: order[p.name])
+    if [p.name for p in obs] != list(order):
+        raise SpecError(f"the observation blocks give the inputs {[p.name for p in obs]}, not one per observation")
+    return IOSignature(tuple(obs) + tuple(p for p in ports if p.kind != OBSERVATION),
                        tuple(p for b in blocks for p in b.outputs(spec)))
+
+
+def encoded_width(spec) -> int:
+    """The width of every observation's encoding together (what the body's first layer takes)."""
+    return sum(b.encoded_width(spec) for b in in_stage(OBSERVE, spec))
 
 
 def parameter_count(spec, include_log_sigma: bool = True) -> int:

@@ -112,6 +112,10 @@ class Block:
     def inputs(self, spec) -> List[Port]:
         return []
 
+    def encoded_width(self, spec) -> int:
+        """OBSERVE blocks: the width of the encodings this block adds to the body's input."""
+        return 0
+
     def outputs(self, spec) -> List[Port]:
         return []
 

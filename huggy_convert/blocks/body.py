@@ -4,6 +4,8 @@ differently but inside the same derived bound. No residuals. The first layer's i
 width fixes the observation split where no normalizer does."""
 from __future__ import annotations
 
+import numpy as np
+
 from .. import contract as C
 from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
 
@@ -21,30 +23,19 @@ class Body(Block):
         if any(j % 2 for j in body_idx):
             raise r.error(f"unexpected body layer indices {body_idx}: expected Linear at 0, 2, 4... (Swish between)")
         hidden, in_width = r.shape(r.matrix(first))
-        norm_sizes, obs_sizes = r.state.get("obs_sizes"), r.obs_sizes
-        if norm_sizes:
-            if sum(norm_sizes) != in_width:
-                raise r.error(f"first body layer takes {in_width} inputs but the normalizers cover {sum(norm_sizes)}")
-            if obs_sizes is not None and list(obs_sizes) != norm_sizes:
-                raise r.error(f"observation sizes {list(obs_sizes)} disagree with the normalizers' {norm_sizes}")
-            sizes = tuple(norm_sizes)
-        elif obs_sizes is not None:
-            if sum(obs_sizes) != in_width:
-                raise r.error(f"observation sizes {list(obs_sizes)} sum to {sum(obs_sizes)}, the first body layer "
-                              f"takes {in_width}")
-            sizes = tuple(int(s) for s in obs_sizes)
-        else:
-            sizes = (in_width,)
+        shapes = observation_shapes(r, in_width)
+        sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
         prev = in_width
         for layer in range(num_layers):
             key = C.BODY_LAYER.format(j=2 * layer, p="{p}")
             r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), hidden, prev)
             prev = hidden
-        r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers)
+        r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers,
+                        obs_shapes=tuple(shapes) if any(len(s) != 1 for s in shapes) else ())
         r.state["width"] = hidden
 
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
-        n, prev = 0, spec.obs_total
+        n, prev = 0, spec.encoded_width
         for _ in range(spec.num_layers):
             n += prev * spec.hidden_units + spec.hidden_units
             prev = spec.hidden_units
@@ -100,3 +91,41 @@ class Body(Block):
 
         for lin in w:
             r.h = swish(affine(r.h, lin, r.bounds))
+
+
+def observation_shapes(r: KeyRules, in_width: int):
+    """Every observation's shape, in observation order, from what the observation blocks claimed
+    (``r.state["observations"]``: index -> (shape, encoded width)) and the first body layer's width.
+
+    With normalizers every vector observation is claimed and the indices must be 0..n-1. Without
+    them (``normalize: false``) the vector observations are the indices no block claimed and share
+    the width left over: split by the sizes given (``r.obs_sizes``: the vector observations', from
+    the official ONNX or ``--obs-sizes``), else one vector."""
+    found = dict(r.state.get("observations", {}))
+    claimed = sum(w for _, w in found.values())
+    left = in_width - claimed
+    given = r.obs_sizes
+    if r.state.get("obs_sizes"):  # normalized: the vector observations are all claimed
+        if left:
+            raise r.error(f"first body layer takes {in_width} inputs but the observations' encodings give {claimed}")
+        if given is not None and list(given) != [s[0] for _, (s, _) in sorted(found.items()) if len(s) == 1]:
+            raise r.error(f"observation sizes {list(given)} disagree with the normalizers' "
+                          f"{[s[0] for _, (s, _) in sorted(found.items()) if len(s) == 1]}")
+    elif left < 0:
+        raise r.error(f"first body layer takes {in_width} inputs but the observations' encodings give {claimed}")
+    elif left:
+        vec = [int(s) for s in given] if given is not None else [left]
+        if sum(vec) != left:
+            what = "observation sizes" if not found else "vector observation sizes"
+            raise r.error(f"{what} {vec} sum to {sum(vec)}, the first body layer takes {left}"
+                          + (f" beside the other observations' {claimed}" if found else ""))
+        free = [i for i in range(len(found) + len(vec)) if i not in found]
+        if len(free) != len(vec):
+            raise r.error(f"observation indices {sorted(found)} leave no place for {len(vec)} vector observation(s)")
+        found.update({i: ((n,), n) for i, n in zip(free, vec)})
+    elif given:
+        raise r.error(f"observation sizes {list(given)} given, but the first body layer has no room for a vector")
+    idx = sorted(found)
+    if idx != list(range(len(idx))) or not idx:
+        raise r.error(f"observation indices {idx} are not 0..{max(len(idx) - 1, 0)}")
+    return [tuple(found[i][0]) for i in idx]

@@ -72,13 +72,18 @@ class Normalizer(Block):
                 raise r.error(f"unexpected key '{m.group(0)}' (alias without its twin)")
         r.fields["normalize"] = bool(sizes)
         r.state["obs_sizes"] = sizes  # the body decides the split when there are none (normalize: false)
+        # every observation block records what it found: index -> (shape, encoded width)
+        r.state.setdefault("observations", {}).update({i: ((n,), n) for i, n in zip(norm_idx, sizes)})
 
     def inputs(self, spec) -> List[Port]:
-        return [Port(C.OBS_INPUT.format(i=i), (C.BATCH_DIM, n), kind=OBSERVATION) for i, n in enumerate(spec.obs_sizes)]
+        return [Port(C.OBS_INPUT.format(i=i), (C.BATCH_DIM, n), kind=OBSERVATION) for i, n in spec.vector_obs]
+
+    def encoded_width(self, spec) -> int:
+        return spec.obs_total
 
     def onnx_observe(self, f: OnnxFlow) -> None:
         g, spec = f.g, f.spec
-        for i in range(len(spec.obs_sizes)):
+        for i, _ in spec.vector_obs:
             x = C.OBS_INPUT.format(i=i)
             if spec.normalize:
                 scope = C.SCOPE_NORMALIZER.format(i=i)
@@ -93,24 +98,24 @@ class Normalizer(Block):
         spec = policy.spec
         keys = []
         if spec.normalize:
-            for i in range(len(spec.obs_sizes)):
+            for i, _ in spec.vector_obs:
                 # the mean and the policy's divisor: the same float32 numbers as the ONNX written beside
                 # it, never torch's CPU sqrt (host-dependent)
                 mean_key, div_key = f"norm{i}_mean", f"norm{i}_div"
                 module.pin(mean_key, policy.tensors[C.c_norm(i, C.NORM_MEAN)])
                 module.pin(div_key, policy.divisor(i))
                 keys.append((mean_key, div_key))
-        module.fast[self.name] = (tuple(C.OBS_INPUT.format(i=i) for i in range(len(spec.obs_sizes))), tuple(keys))
+        module.fast[self.name] = (tuple((i, C.OBS_INPUT.format(i=i)) for i, _ in spec.vector_obs), tuple(keys))
 
     def torch_observe(self, f: TorchFlow) -> None:
         mod = f.module
         ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, mod._buffers  # the pinned buffers (.to() swaps them)
         names, norm_keys = mod.fast[self.name]
         feed, encoded, inplace = f.feed, f.encoded, f.inplace
-        for i, name in enumerate(names):
+        for j, (i, name) in enumerate(names):
             x = feed[name]
             if norm_keys:
-                mean_key, div_key = norm_keys[i]
+                mean_key, div_key = norm_keys[j]
                 if x.dtype != ndt:
                     x = x.to(ndt)
                 x = x - bufs[mean_key]
@@ -123,19 +128,19 @@ class Normalizer(Block):
     def reference_init(self, policy):
         spec = policy.spec
         if not spec.normalize:
-            return len(spec.obs_sizes), None
+            return [i for i, _ in spec.vector_obs], None
         from ..verify.bounds import f64
 
-        return len(spec.obs_sizes), [(f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
-                                     for i in range(len(spec.obs_sizes))]
+        return [i for i, _ in spec.vector_obs], {i: (f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
+                                                 for i, _ in spec.vector_obs}
 
     def reference_observe(self, r: ReferenceFlow, w) -> None:
         """The subtraction and division add ``2 u |q|``; inputs are float32 and exact."""
         from ..numerics import U32
         from ..verify.bounds import Bounded, clip, f64
 
-        n_obs, norm = w
-        for i in range(n_obs):
+        indices, norm = w
+        for i in indices:
             x = f64(r.feed[C.OBS_INPUT.format(i=i)])
             if norm is not None:
                 mean, div = norm[i]
@@ -154,7 +159,7 @@ class Normalizer(Block):
         spec = policy.spec
         feed: Dict[str, np.ndarray] = {}
         q = max(rows // 4, 1)
-        for i, n in enumerate(spec.obs_sizes):
+        for i, n in spec.vector_obs:
             if spec.normalize:
                 mean, std = mean_std(policy, i)
             else:

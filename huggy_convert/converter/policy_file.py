@@ -209,13 +209,13 @@ def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Di
             raise PolicyFileError(f"missing tensor {clip(repr(canonical), 60)} (its metadata lists it)", p)
         sd[key] = torch.from_numpy(np.ascontiguousarray(tensors[canonical]))
     try:
-        mapped = map_policy(sd, obs_sizes=spec.obs_sizes)
+        mapped = map_policy(sd, obs_sizes=[n for _, n in spec.vector_obs])
     except HuggyError as exc:
         raise PolicyFileError(f"tensors do not match the spec metadata: {exc.message}", p) from None
     if mapped.spec != spec:
         raise PolicyFileError(f"tensors do not match the spec metadata: they are a {mapped.spec.family}, the spec "
                               f"says {spec.family}", p)
-    divisors = {C.c_divisor(i): n for i, n in enumerate(spec.obs_sizes)} if spec.normalize else {}
+    divisors = {C.c_divisor(i): n for i, n in spec.vector_obs} if spec.normalize else {}
     for name, n in divisors.items():
         if name in tensors and tensors[name].shape != (n,):
             raise PolicyFileError(f"wrong shape for tensor '{name}': {list(tensors[name].shape)}, expected [{n}]", p)
@@ -258,7 +258,7 @@ def loads(data: bytes, path=None) -> Policy:
         from .reference import reconcile_divisors
 
         return reconcile_divisors(policy)[0]
-    missing = [C.c_divisor(i) for i in range(len(spec.obs_sizes)) if C.c_divisor(i) not in tensors]
+    missing = [C.c_divisor(i) for i, _ in spec.vector_obs if C.c_divisor(i) not in tensors]
     if missing:
         raise PolicyFileError(f"missing tensor '{missing[0]}' (a format-2 policy stores each normalizer's divisor)", p)
     return policy

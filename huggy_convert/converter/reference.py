@@ -104,7 +104,7 @@ def divisor_problem(obs: int, cmp: Dict[str, object]) -> Optional[str]:
 def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
     T = policy.tensors
     return {i: ieee_divisor(T[C.c_norm(i, C.NORM_VAR)], T[C.c_norm(i, C.NORM_STEPS)])
-            for i in range(len(policy.spec.obs_sizes))} if policy.spec.normalize else {}
+            for i, _ in policy.spec.vector_obs} if policy.spec.normalize else {}
 
 
 def _fixed_dims(dims) -> Tuple:

@@ -5,6 +5,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import List, Tuple
 
+import numpy as np
+
 from .. import blocks
 from .. import contract as C
 from ..errors import SpecError
@@ -14,6 +16,9 @@ SAC = C.TRAINER_SAC
 ACTIVATIONS = ("swish",)
 MAX_WIDTH = 1 << 20  # any width (an observation, the hidden layer, an action head, the memory): far past any actor
 MAX_LAYERS = 64
+# the kinds of observation, by the rank of ML-Agents' observation shape (ModelUtils.get_encoder_for_obs)
+OBS_VECTOR, OBS_ENTITY, OBS_VISUAL = "vector", "entity", "visual"
+OBS_KINDS = {1: OBS_VECTOR, 2: OBS_ENTITY, 3: OBS_VISUAL}
 
 
 def _count(name: str, v, lo: int, hi: int) -> None:
@@ -34,8 +39,12 @@ class PolicySpec:
     """The architecture of one ML-Agents actor (SimpleActor).
 
     ``algorithm`` is ``ppo`` (also POCA's actor: same layout) or ``sac`` (conditional
-    log_sigma + tanh squash). ``obs_sizes`` has one entry per vector observation, in
-    ML-Agents' order (``obs_0``, ``obs_1``...). ``memory_size`` is 0 without an LSTM.
+    log_sigma + tanh squash). ``obs_sizes`` has one entry per observation, in ML-Agents' order
+    (``obs_0``, ``obs_1``...): its element count. ``obs_shapes`` is empty when every observation is a
+    vector (``(obs_sizes[i],)``); otherwise it holds one shape per observation as ML-Agents' observation
+    spec states it: ``(n,)`` a vector, ``(max_entities, entity_size)`` a variable-length observation,
+    ``(C, H, W)`` a visual one (ML-Agents 1.x specs and ONNX inputs are channels first). The
+    observation blocks (``blocks/``) own each kind. ``memory_size`` is 0 without an LSTM.
     """
 
     algorithm: str
@@ -47,6 +56,7 @@ class PolicySpec:
     discrete_branches: Tuple[int, ...] = ()
     memory_size: int = 0
     activation: str = "swish"
+    obs_shapes: Tuple[Tuple[int, ...], ...] = ()
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
@@ -55,6 +65,15 @@ class PolicySpec:
         if self.algorithm not in (PPO, SAC):
             raise SpecError(f"spec field 'algorithm' is {str(self.algorithm)[:40]!r}, not {PPO!r} or {SAC!r}")
         _counts("obs_sizes", self.obs_sizes, 1, MAX_WIDTH, 1)
+        if not isinstance(self.obs_shapes, (tuple, list)) or (self.obs_shapes and len(self.obs_shapes) != len(self.obs_sizes)):
+            raise SpecError("spec field 'obs_shapes' is not one shape per observation (or empty)")
+        for i, shape in enumerate(self.obs_shapes):
+            if not isinstance(shape, (tuple, list)) or len(shape) not in OBS_KINDS:
+                raise SpecError(f"spec field 'obs_shapes' entry {i} is not a shape of 1 to 3 dimensions")
+            _counts("obs_shapes", shape, 1, MAX_WIDTH, 1)
+            if int(np.prod(shape, dtype=np.int64)) != self.obs_sizes[i]:
+                raise SpecError(f"spec field 'obs_shapes' entry {i} {list(shape)} does not hold obs_sizes[{i}] = "
+                                f"{self.obs_sizes[i]} elements")
         if not isinstance(self.normalize, bool):
             raise SpecError("spec field 'normalize' is not true or false")
         _count("hidden_units", self.hidden_units, 1, MAX_WIDTH)
@@ -72,8 +91,35 @@ class PolicySpec:
             raise SpecError("spec field 'notes' is not a list of strings")
 
     @property
+    def obs_count(self) -> int:
+        return len(self.obs_sizes)
+
+    def obs_shape(self, i: int) -> Tuple[int, ...]:
+        """Observation ``i``'s shape as ML-Agents states it (without the batch axis)."""
+        return tuple(self.obs_shapes[i]) if self.obs_shapes else (self.obs_sizes[i],)
+
+    def obs_kind(self, i: int) -> str:
+        """``vector``, ``entity`` (variable length) or ``visual``."""
+        return OBS_KINDS[len(self.obs_shape(i))]
+
+    def observations(self, kind: str) -> List[Tuple[int, Tuple[int, ...]]]:
+        """``(index, shape)`` of every observation of ``kind``, in observation order."""
+        return [(i, self.obs_shape(i)) for i in range(self.obs_count) if self.obs_kind(i) == kind]
+
+    @property
+    def vector_obs(self) -> List[Tuple[int, int]]:
+        """``(index, size)`` of every vector observation (the ones a normalizer can have)."""
+        return [(i, shape[0]) for i, shape in self.observations(OBS_VECTOR)]
+
+    @property
     def obs_total(self) -> int:
-        return sum(self.obs_sizes)
+        """The width of the vector observations together."""
+        return sum(n for _, n in self.vector_obs)
+
+    @property
+    def encoded_width(self) -> int:
+        """The width the body's first layer takes: every observation block's encoding together."""
+        return blocks.encoded_width(self)
 
     @property
     def encoding_size(self) -> int:
@@ -99,7 +145,7 @@ class PolicySpec:
         if self.discrete_branches:
             heads.append("discrete " + "x".join(map(str, self.discrete_branches)))
         mem = f", LSTM memory {self.memory_size}" if self.memory_size else ""
-        obs = "+".join(map(str, self.obs_sizes))
+        obs = "+".join("x".join(map(str, self.obs_shape(i))) for i in range(self.obs_count))
         norm = "normalized " if self.normalize else ""
         return (f"{self.algorithm.upper()} actor: {norm}obs {obs} -> {self.num_layers}x{self.hidden_units} "
                 f"{self.activation}{mem} -> {' + '.join(heads)}")
@@ -133,6 +179,10 @@ class PolicySpec:
     def to_json(self) -> str:
         d = asdict(self)
         d["obs_sizes"] = list(self.obs_sizes)
+        if self.obs_shapes:
+            d["obs_shapes"] = [list(s) for s in self.obs_shapes]
+        else:  # an all-vector spec reads (and hashes) as before the field existed
+            del d["obs_shapes"]
         d["discrete_branches"] = list(self.discrete_branches)
         d["notes"] = list(self.notes)
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -157,4 +207,6 @@ class PolicySpec:
         for k in ("obs_sizes", "discrete_branches", "notes"):
             if isinstance(d.get(k), list):
                 d[k] = tuple(d[k])
+        if isinstance(d.get("obs_shapes"), list):
+            d["obs_shapes"] = tuple(tuple(s) if isinstance(s, list) else s for s in d["obs_shapes"])
         return cls(**d)

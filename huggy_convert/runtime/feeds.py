@@ -56,7 +56,7 @@ def random_obs(scales: Sequence[Tuple[np.ndarray, np.ndarray]], rows: int, seed:
 
 
 def zeros_obs(spec: PolicySpec, rows: int) -> Dict[str, np.ndarray]:
-    return {C.OBS_INPUT.format(i=i): np.zeros((rows, n), np.float32) for i, n in enumerate(spec.obs_sizes)}
+    return {C.OBS_INPUT.format(i=i): np.zeros((rows,) + spec.obs_shape(i), np.float32) for i in range(spec.obs_count)}
 
 
 def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ def check_safetensors(policy: Policy, ckpt: Optional[Checkpoint], path_name: str
     import torch
 
     equal, bad = 0, []
-    derived = {C.c_divisor(i) for i in range(len(policy.spec.obs_sizes))} if policy.spec.normalize else set()
+    derived = {C.c_divisor(i) for i, _ in policy.spec.vector_obs} if policy.spec.normalize else set()
     div_line = check_divisor_tensors(policy, bad)
     for name, arr in sorted(policy.tensors.items()):
         if name in derived:
