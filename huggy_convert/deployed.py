@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 from . import contract as C
 from .artifacts import ONNX, SAFETENSORS, SUFFIXES
 from .converter.checkpoint import read_input_file
-from .errors import HuggyError
+from .errors import HuggyError, from_foreign
 from .rundir import Deployed, Item
 
 OK, VERIFY_FAILED, ERROR, UNVERIFIED = "ok", "verify_failed", "error", "unverified"
@@ -93,14 +93,15 @@ def check_deployed(dep: Deployed, items: List[Item], results: Dict[str, dict], o
             equal_to = str(PurePosixPath(match.rel).with_suffix(SUFFIXES[ONNX]))
             entry.update(same_as=match.out_stem, same_as_source=match.rel, step=match.step, equal_by=BY_BYTES,
                          equal_to=equal_to)
-            _from_entry(entry, match, results.get(match.rel, {}), f"checks 2-3 of {match.out_stem} against {equal_to}, the same bytes")
+            _from_entry(entry, match, results.get(match.rel, {}),
+                        f"checks 2-3 of {match.out_stem} against {equal_to}, the same bytes")
         elif not verify:
             entry.update(status=UNVERIFIED, equal_by=None,
                          note="not the bytes of any step's official ONNX; not compared by content (--no-verify)")
         else:
             _by_content(entry, dep, cands, results, out, profile)
-    except HuggyError as exc:
-        entry.update(status=ERROR, error=exc.one_line())
+    except Exception as exc:  # one unreadable file never stops the batch (as a checkpoint's failure)
+        entry.update(status=ERROR, error=from_foreign(exc, dep.path).one_line())
     finally:
         entry["seconds"] = round(time.perf_counter() - t0, 3)
     if entry.get("step") is not None and dep.final_step is not None and entry["step"] != dep.final_step:
