@@ -12,9 +12,10 @@ parameter-free (``(x - mean) / sqrt(mean((x - mean)^2) + 1e-5)``); the generated
 
 Which observations are the goal: the checkpoint does not record ObservationType; the hypernetwork's
 first layer takes the goal encoding's width, so the goal is the set of vector observations whose
-widths add up to it. Where several sets fit, the official ONNX decides (the vector observations whose
-encodings its goal Concat, ``/network_body/Concat``, takes: ``pipeline.goal_obs_from_reference``),
-else ``--goal-obs`` is asked for; the choice is recorded in the spec (``goal_obs``)."""
+widths add up to it. The official ONNX, where there is one, decides (the inputs that feed its
+hypernetwork through the goal Concat, ``/network_body/Concat``: ``converter.reference.goal_obs_from_reference``),
+cross-checked with that width; without one, a width that several sets fit is an error naming them.
+The choice is recorded in the spec (``goal_obs``)."""
 from __future__ import annotations
 
 from itertools import combinations
@@ -98,11 +99,11 @@ class Goal(Block):
         if not fits:
             raise r.error(f"no set of vector observations is {goal_width} wide, the hypernetwork's goal input "
                           f"(observation shapes {[list(s) for s in shapes]})" if fits is not None else
-                          "too many vector observations to tell which are the goal: name them (--goal-obs)")
+                          "too many vector observations to tell which are the goal: give the official ONNX (--reference)")
         if len(fits) > 1:
             raise r.error(f"the hypernetwork's goal input is {goal_width} wide and observations "
                           f"{' or '.join(str(list(c)) for c in fits)} could be the goal: the checkpoint does not say "
-                          "which (give the official ONNX beside it or --reference, or --goal-obs)")
+                          "which (give the official ONNX beside it, or --reference)")
         return fits[0]
 
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:

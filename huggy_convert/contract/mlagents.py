@@ -85,6 +85,7 @@ NORM_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.no
 NORM_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.normalizer\.(\w+)$")
 BODY_RE = re.compile(r"^network_body\._body_endoder\.seq_layers\.(\d+)\.(weight|bias)$")
 HYPER_RE = re.compile(r"^network_body\._body_endoder\.layers\.(\d+)\.(weight|bias|hypernet\.\d+\.(?:weight|bias))$")
+HYPER_GOAL_WEIGHT_RE = re.compile(r"^network_body\._body_endoder\.layers\.\d+\.hypernet\.0\.weight$")  # takes the goal
 BRANCH_RE = re.compile(r"^action_model\._discrete_distribution\.branches\.(\d+)\.(weight|bias)$")
 LSTM_PREFIX = "network_body.lstm."
 NORMALIZER_INFIX = ".normalizer."  # in every normalizer key (a checkpoint with normalize: false has none)
