@@ -54,10 +54,11 @@ from ..errors import SpecError
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
+from .goal import Goal
 from .memory import Memory
 from .normalizer import Normalizer
 
-REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Body(), Continuous(), Discrete(), Memory())
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Body(), Goal(), Continuous(), Discrete(), Memory())
 
 
 def in_stage(stage: str, spec=None) -> List[Block]:

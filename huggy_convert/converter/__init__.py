@@ -20,10 +20,10 @@ class Conversion:
 
 def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None, official=None,
                            divisor: str = "auto", reference_name: Optional[str] = None,
-                           reference_sha256: Optional[str] = None) -> Conversion:
+                           reference_sha256: Optional[str] = None, goal_obs: Optional[Sequence[int]] = None) -> Conversion:
     """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
     official ONNX) as :func:`reference.reconcile_divisors` decides."""
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes)
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes, goal_obs=goal_obs)
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
                         step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
                         exact_steps=mapped.exact_steps)

@@ -28,18 +28,22 @@ class MappedPolicy:
     order: List[str] = field(default_factory=list)  # the keys taken or ignored by the blocks, in claim order
 
 
-def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None) -> MappedPolicy:
+def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
+               goal_obs: Optional[Sequence[int]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
 
     ``obs_sizes`` splits the observation width when the checkpoint cannot (``normalize: false``
     with several observations keeps no per-observation tensors); without it one observation
-    of the full width is assumed.
+    of the full width is assumed. ``goal_obs``: which observations a hypernetwork's goal is (the
+    official ONNX's, ``converter.reference.goal_obs_from_reference``), cross-checked with the goal's width.
     """
     for k in sd:
         for pat, what in C.UNSUPPORTED_PATTERNS:
             if pat.search(k):
                 raise UnsupportedError(f"not supported yet: {what} (key '{k}')", path)
     r = blocks.KeyRules(sd, path, obs_sizes)
+    if goal_obs is not None:
+        r.state["goal_obs"] = tuple(goal_obs)
     for b in blocks.compute_order():
         b.claim(r)
     for b in blocks.REGISTRY:

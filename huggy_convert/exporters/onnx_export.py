@@ -71,6 +71,11 @@ class _Graph:
         s, e, a = (self.const([v], scope, np.int64) for v in (start, end, axis))
         return self.node("Slice", [x, s, e, a], scope)
 
+    def unsqueeze(self, x: str, axis: int, scope: str) -> str:
+        if self.opset < 13:
+            return self.node("Unsqueeze", [x], scope, axes=[axis])
+        return self.node("Unsqueeze", [x, self.const([axis], scope, np.int64)], scope)
+
     def squeeze(self, x: str, axis: int, scope: str) -> str:
         if self.opset < 13:
             return self.node("Squeeze", [x], scope, axes=[axis])

@@ -20,7 +20,7 @@ import numpy as np
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..converter.checkpoint import load_npz, read_input_file
-from ..converter.reference import read_onnx
+from ..converter.reference import goal_obs_from_reference, read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
@@ -144,7 +144,9 @@ class OnnxView:
         if v is not None:
             branches = tuple(int(x) for x in v.reshape(-1))
         mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
-        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and C.SCOPE_BODY_MARK in n.name]
+        body = [n for n in self.model.graph.node if n.op_type == "Gemm" and C.SCOPE_BODY_MARK in n.name
+                and C.SCOPE_HYPER_MARK not in n.name]
+        goal = goal_obs_from_reference(self.model)  # a hypernetwork generates one more layer
         hidden = 0
         if body:
             w = self.tensor(body[0].input[1])
@@ -152,8 +154,9 @@ class OnnxView:
         sac = any(n.op_type == "Tanh" and C.OUT_CONT in n.output for n in self.model.graph.node)
         normalize = bool(obs) and self.obs_scale(0)[0] is not None
         return PolicySpec(algorithm="sac" if sac else "ppo", obs_sizes=tuple(obs), normalize=normalize,
-                          hidden_units=hidden, num_layers=len(body), continuous_size=cont,
-                          discrete_branches=branches, memory_size=mem, notes=("read from an ONNX graph",))
+                          hidden_units=hidden, num_layers=len(body) + bool(goal), continuous_size=cont,
+                          discrete_branches=branches, memory_size=mem, notes=("read from an ONNX graph",),
+                          **({"goal_conditioning": C.GOAL_HYPER, "goal_obs": tuple(goal)} if goal else {}))
 
     def parameter_counts(self) -> Tuple[int, int]:
         """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/Add initializers."""
@@ -168,7 +171,9 @@ class OnnxView:
             elif n.op_type == "Add":
                 for x in n.input:
                     t = self.tensor(x) if (self.alias.get(x, x) in self.inits) else None
-                    if t is not None:
+                    if t is not None and C.SCOPE_BODY_MARK in n.name:
+                        lin += int(t.size)  # a generated layer's bias (goal-conditioned body)
+                    elif t is not None:
                         sig += int(t.size)
         return lin, lin + sig
 

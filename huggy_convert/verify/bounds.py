@@ -105,14 +105,29 @@ class Linear:
         return self._W2T
 
 
-def affine(x: Bounded, lin: Linear, bounds: bool = True) -> Bounded:
-    """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
+def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False) -> Bounded:
+    """``x W^T + b`` (Gemm / addmm / addmv; on the last axis of any rank, MatMul + Add): inherited
+    errors root-sum-square, plus its own roundings. ``correlated``: the inputs' errors share a common
+    cause (a LayerNorm's divisor, a softmax's normalisation), so they add up linearly (``|W| e``), the
+    worst case, instead."""
     z = _mm(x.v, lin.WT) + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
     A = _mm(np.abs(x.v) + x.err, lin.aWT).astype(np.float64) * SLACK + np.abs(lin.b)
-    inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
+    if correlated:
+        inherited = _mm(x.err, lin.aWT).astype(np.float64) * SLACK
+    else:
+        inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
     return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
+
+
+def accumulation(n: int) -> float:
+    """The relative bound on the rounding error of a float32 sum of ``n`` terms (or an inner product
+    of length ``n``) in any order, against the sum of the terms' magnitudes: the deterministic
+    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1)
+    or the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums:
+    the deterministic one)."""
+    return min(n * U32 / (1 - n * U32), LAMBDA * U32 * np.sqrt(n))
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -155,6 +170,66 @@ def swish(z: Bounded) -> Bounded:
     """``z * sigmoid(z)`` (ML-Agents' Swish, exported as Sigmoid + Mul)."""
     v = z.v / (1.0 + np.exp(-z.v))
     return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * E_SIGMOID + U32 * np.abs(v))
+
+
+def matmul(a: Bounded, b: Bounded) -> Bounded:
+    """``a @ b`` over the last axis of ``a`` and the second-to-last of ``b`` (batched MatMul; both
+    inexact): each term's inherited error ``|a| e_b + e_a (|b| + e_b)``, root-sum-square over the ``k``
+    terms (independent errors, as for :func:`affine`), plus the product's own roundings
+    ``accumulation(k) (|a| + e_a) (|b| + e_b)``."""
+    v = a.v @ b.v
+    k = a.v.shape[-1]
+    A = (np.abs(a.v) + a.err) @ (np.abs(b.v) + b.err)
+    # sum_k (|a| e_b + e_a (|b| + e_b))^2, expanded into three products
+    bb = np.abs(b.v) + b.err
+    sq = (a.v ** 2) @ (b.err ** 2) + 2 * (np.abs(a.v) * a.err) @ (b.err * bb) + (a.err ** 2) @ (bb ** 2)
+    return Bounded(v, np.sqrt(sq) + accumulation(k) * A * (1 + U32))
+
+
+def layer_norm(x: Bounded, eps: float) -> Bounded:
+    """``(x - mean) / sqrt(mean((x - mean)^2) + eps)`` over the last axis of width ``d`` (ML-Agents'
+    parameter-free LayerNorm; ``eps`` the float32 constant the runtimes add), computed in two passes.
+
+    Derivation. Let ``c = x - mean(x)``, ``s = s(c) = sqrt(mean(c^2) + eps)``, ``y = c / s``; every
+    perturbation of ``c`` is collected in ``t`` (elementwise bounds):
+
+    - inherited: ``dc_j = dx_j - mean(dx)``; ``|mean(dx)| <= min(mean(e), LAMBDA sqrt(sum e^2) / d)``
+      (the worst case, or Hoeffding's bound on a sum of independent errors, as in :func:`affine`);
+    - the float32 mean: its sum ``accumulation(d) mean(|x| + e)`` (+ ``u |mean|`` for the scaling);
+      the subtraction rounds once more: ``u (|c_j| + t_j)``.
+
+    The divisor: ``s(c + t)^2 - s^2 = 2 mean(c t) + mean(t^2)`` and ``s(c + t) + s >= 2 s - rms(t)``
+    (``s(.)`` is a Euclidean norm of ``(c / sqrt(d), sqrt(eps))``: the triangle inequality), so
+    ``|s(c + t) - s| <= rho = (2 M + mean(t^2)) / (2 s - rms(t))`` with ``|mean(c t)| <= M =
+    min(mean(|c| t), LAMBDA sqrt(sum c^2 t^2) / d)``. Then, exactly, ``|(c + t) / s(c + t) - y| <=
+    (t + |y| rho) / (s - rho)``. The float32 divisor ``s^`` is that norm computed: the squares, their
+    mean (positive terms: relative ``2 u + accumulation(d)``), ``+ eps`` (``u``) and the sqrt (which
+    halves the relative error, and adds 1 ulp = ``2 u`` of its own: MKL's float32 sqrt is faithful, not
+    always correctly rounded): ``s^ = s(c + t) (1 + eta)``; the division rounds once (``u``):
+    ``|y^ - y~| <= |y~| (u + eta) / (1 - eta)``."""
+    v = x.v
+    d = v.shape[-1]
+    mu = v.mean(axis=-1, keepdims=True)
+    c = v - mu
+    var = (c * c).mean(axis=-1, keepdims=True)
+    s = np.sqrt(var + eps)
+    y = c / s
+    e = x.err
+    me = np.minimum(e.mean(axis=-1, keepdims=True), LAMBDA * np.sqrt((e * e).sum(axis=-1, keepdims=True)) / d)
+    e_mu = accumulation(d) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + U32 * np.abs(mu)
+    t = e + me + e_mu
+    t = t + U32 * (np.abs(c) + t)
+    rms_t = np.sqrt((t * t).mean(axis=-1, keepdims=True))
+    M = np.minimum((np.abs(c) * t).mean(axis=-1, keepdims=True),
+                   LAMBDA * np.sqrt((c * c * t * t).sum(axis=-1, keepdims=True)) / d)
+    cs = np.abs(c) + t  # an upper bound of |c + t|, for the divisor's own rounding
+    var_t = (cs * cs).mean(axis=-1, keepdims=True)
+    r_v = (2 * U32 + accumulation(d)) * (1 + U32) * var_t / (var_t + eps) + U32
+    eta = r_v / (2 - r_v) + 2 * U32 * (1 + r_v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(2 * s > rms_t, (2 * M + rms_t ** 2) / (2 * s - rms_t), np.inf)
+        near = np.where(s > rho, (t + np.abs(y) * rho) / (s - rho), np.inf)
+    return Bounded(y, near + (np.abs(y) + near) * (U32 + eta) / (1 - eta))
 
 
 def concat(parts) -> Bounded:
