@@ -49,13 +49,14 @@ from .actor import Actor
 from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
                    SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
 from ..errors import SpecError
+from .attention import Attention
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
 from .memory import Memory
 from .normalizer import Normalizer
 
-REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Body(), Continuous(), Discrete(), Memory())
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Attention(), Body(), Continuous(), Discrete(), Memory())
 
 
 def in_stage(stage: str, spec=None) -> List[Block]:
@@ -87,6 +88,21 @@ def io_signature(spec) -> IOSignature:
         raise SpecError(f"the observation blocks give the inputs {[p.name for p in obs]}, not one per observation")
     return IOSignature(tuple(obs) + tuple(p for p in ports if p.kind != OBSERVATION),
                        tuple(p for b in blocks for p in b.outputs(spec)))
+
+
+@lru_cache(maxsize=256)
+def encoding_order(spec) -> Tuple[Tuple[int, ...], Tuple[Block, ...]]:
+    """How ML-Agents' ObservationEncoder joins the encodings: the observations whose encodings are
+    concatenated first, in observation order (those of the observe blocks without an ``*_append``
+    hook), and the blocks whose encodings are appended after them, in registry order (attention: it
+    embeds the others' concatenation as its self)."""
+    from .. import contract as C
+
+    order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
+    blocks = in_stage(OBSERVE, spec)
+    appended = tuple(b for b in blocks if b.has("onnx_append"))
+    own = sorted(order[p.name] for b in blocks if b not in appended for p in b.inputs(spec) if p.kind == OBSERVATION)
+    return tuple(own), appended
 
 
 def encoded_width(spec) -> int:

@@ -123,6 +123,12 @@ class Block:
     def onnx_observe(self, f: "OnnxFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 
+    def onnx_append(self, f: "OnnxFlow") -> Optional[str]:
+        """OBSERVE blocks whose encoding needs the others' (attention: its self embedding): called once the
+        other observations' encodings are concatenated into ``f.h`` (None when there are none); returns
+        the encoding ML-Agents' ObservationEncoder appends after them."""
+        return None
+
     def onnx_encode(self, f: "OnnxFlow") -> None:
         """ENCODE blocks: from ``f.h`` (None before the first) to the next features."""
 
@@ -145,6 +151,10 @@ class Block:
     def torch_observe(self, f: "TorchFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 
+    def torch_append(self, f: "TorchFlow"):
+        """OBSERVE blocks: as ``onnx_append`` (``f.h``: the other observations' encodings, or None)."""
+        return None
+
     def torch_encode(self, f: "TorchFlow") -> None:
         """ENCODE blocks: from ``f.h`` to the next features."""
 
@@ -159,6 +169,10 @@ class Block:
 
     def reference_observe(self, r: "ReferenceFlow", w) -> None:
         """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+
+    def reference_append(self, r: "ReferenceFlow", w):
+        """OBSERVE blocks: as ``onnx_append``, a ``bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
+        return None
 
     def reference_encode(self, r: "ReferenceFlow", w) -> None:
         """ENCODE blocks: from ``r.h`` to the next features."""
@@ -181,11 +195,15 @@ class KeyRules:
     stated reason, or an error naming it. Blocks infer spec fields into ``fields`` and pass what the
     next block needs in ``state`` (e.g. ``width``: the features the next block takes)."""
 
-    def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None):
+    def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None,
+                 input_shapes: Optional[Dict[int, Tuple[int, ...]]] = None):
         self.sd = sd
         self.keys = list(sd.keys())
         self.path = path
         self.obs_sizes = obs_sizes
+        # observation index -> its input's dims without the batch axis, as the official ONNX states them
+        # (or the spec, re-reading a canonical file): what the checkpoint cannot say (an entity count)
+        self.input_shapes = dict(input_shapes or {})
         self.remaining = set(self.keys)
         self.tensors: Dict[str, np.ndarray] = {}
         self.sources: Dict[str, str] = {}
@@ -229,6 +247,17 @@ class KeyRules:
     def ignore(self, key: str, why: str) -> None:
         self.ignored[key] = why
         self.remaining.discard(key)
+
+    def twin(self, alias: str, key: str) -> None:
+        """``alias`` (a second name of ``key``'s module), when present, must be ``key``'s tensor bit for
+        bit; it is then ignored."""
+        import torch
+
+        if alias in self.sd:
+            a, b = self.sd[alias], self.sd[key]
+            if a.dtype != b.dtype or _shape(a) != _shape(b) or not torch.equal(a, b):
+                raise self.error(f"'{alias}' differs from its twin '{key}' (they are one module)")
+            self.ignore(alias, f"alias of {key} (bitwise equal)")
 
     def take(self, key: str, canonical: str, shape: Optional[Tuple[int, ...]] = None, finite: bool = True,
              integer: bool = False):

@@ -62,6 +62,15 @@ LOG_SIGMA = "action_model._continuous_distribution.log_sigma"  # PPO: Parameter 
 LOG_SIGMA_LINEAR = "action_model._continuous_distribution.log_sigma.{p}"  # SAC: Linear
 DISC_BRANCH = "action_model._discrete_distribution.branches.{b}.{p}"
 
+# Variable-length observations (ObservationEncoder with an EntityEmbedding per such observation and
+# one ResidualSelfAttention over all of them: attention.py, utils.py create_residual_self_attention)
+ENTITY_ENCODER = "network_body.observation_encoder.processors.{i}.self_ent_encoder.seq_layers.0.{p}"
+ENTITY_ENCODER_PARAMS = ("seq_layers.0.weight", "seq_layers.0.bias")  # what a self_ent_encoder holds (one Linear)
+ENTITY_ENCODER_ALIAS = "network_body.processors.{i}.self_ent_encoder.seq_layers.0.{p}"  # same module
+X_SELF_ENCODER = "network_body.observation_encoder.x_self_encoder.seq_layers.0.{p}"  # the self embedding
+RSA_LINEAR = "network_body.observation_encoder.rsa.fc_{n}.{p}"
+RSA_LINEARS = ("q", "k", "v", "out")
+
 # Keys that are deliberately not part of the exported actor.
 IGNORED_PATTERNS = (
     (re.compile(r"^value_heads\."), "value head of a shared critic (not part of the actor)"),
@@ -69,7 +78,6 @@ IGNORED_PATTERNS = (
 # Families we recognise but do not support yet: (pattern, what to say).
 UNSUPPORTED_PATTERNS = (
     (re.compile(r"\.conv_layers\.|\.processors\.\d+\.(conv|dense|final_flat)|visual"), "visual observations (CNN encoders)"),
-    (re.compile(r"attention|entity_embedding|rsa\.|\.embedding\."), "attention / entity observations"),
     (re.compile(r"_body_endoder\.(conditional|hyper)|hypernet"), "goal-conditioned (hypernetwork) bodies"),
 )
 
@@ -78,6 +86,9 @@ NORM_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.no
 NORM_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.normalizer\.(\w+)$")
 BODY_RE = re.compile(r"^network_body\._body_endoder\.seq_layers\.(\d+)\.(weight|bias)$")
 BRANCH_RE = re.compile(r"^action_model\._discrete_distribution\.branches\.(\d+)\.(weight|bias)$")
+ENTITY_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.self_ent_encoder\.(.+)$")
+ENTITY_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.self_ent_encoder\.(.+)$")
+ATTENTION_RE = re.compile(r"^network_body\.observation_encoder\.(rsa|x_self_encoder)\.")
 LSTM_PREFIX = "network_body.lstm."
 NORMALIZER_INFIX = ".normalizer."  # in every normalizer key (a checkpoint with normalize: false has none)
 
@@ -88,3 +99,10 @@ SAC_LOG_SIGMA_MIN = -20.0
 SAC_LOG_SIGMA_MAX = 2.0
 MASK_PENALTY = 1e8
 EPSILON = 1e-7
+# attention (networks.py ObservationEncoder, attention.py)
+ATTENTION_EMBEDDING_SIZE = 128  # ObservationEncoder.ATTENTION_EMBEDDING_SIZE: fixed
+ATTENTION_HEADS = 4  # ResidualSelfAttention's num_heads default (the only one ObservationEncoder uses)
+ENTITY_MASK_BELOW = 0.01  # get_zero_entities_mask: an entity is padding when sum(features^2) < 0.01
+ATTENTION_NEG_INF = -1e6  # MultiHeadAttention.NEG_INF: a masked key's logit
+LAYER_NORM_EPS = 1e-5  # layers.LayerNorm: (x - mean) / sqrt(var + 1e-5), no gamma/beta
+POOL_EPSILON = 1e-7  # ResidualSelfAttention.EPSILON: the masked mean's denominator

@@ -16,6 +16,7 @@ The decision is recorded in the policy's metadata (``divisor``), and from there 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Dict, Optional, Tuple
 
@@ -109,6 +110,20 @@ def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
 
 def _fixed_dims(dims) -> Tuple:
     return tuple(d if isinstance(d, int) else None for d in dims)[1:]
+
+
+def input_shapes(official) -> Dict[int, Tuple]:
+    """Observation index -> the official ONNX's input ``obs_<index>`` dims without the batch axis
+    (a dim without a fixed value is None); empty without an official file."""
+    if official is None:
+        return {}
+    out = {}
+    for i in official.graph.input:
+        m = re.fullmatch(C.OBS_INPUT.format(i=r"(\d+)"), i.name)
+        if m:
+            out[int(m.group(1))] = _fixed_dims([d.dim_value if d.HasField("dim_value") else None
+                                                for d in i.type.tensor_type.shape.dim])
+    return out
 
 
 def check_same_policy(spec, official, reference_name: Optional[str] = None) -> None:
