@@ -47,7 +47,7 @@ from typing import List, Tuple
 from . import actor
 from .actor import Actor
 from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
-                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
+                   SAMPLED, STAGES, Block, InputHint, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
 from ..errors import SpecError
 from .attention import Attention
 from .body import Body

@@ -70,6 +70,7 @@ class Attention(Block):
         if self_width:
             r.linear(C.X_SELF_ENCODER.format(p="{p}"), C.C_ATT_SELF_W, C.C_ATT_SELF_B, d, self_width)
         found = r.state.setdefault("observations", {})
+        transposed = []
         for n, i in enumerate(idx):
             key = C.ENTITY_ENCODER.format(i=i, p="{p}")
             if i in found:
@@ -84,16 +85,22 @@ class Attention(Block):
             for p in (LINEAR_WEIGHT, LINEAR_BIAS):
                 r.twin(C.ENTITY_ENCODER_ALIAS.format(i=i, p=p), key.format(p=p))
             found[i] = ((self._max_entities(r, i, size), size), d if n == 0 else 0)  # the attention's width, once
+            transposed.append(r.inputs[i].transposed)
         for m in r.matching(C.ENTITY_ALIAS_RE):
             if m.group(0) in r.remaining:
                 raise r.error(f"unexpected key '{m.group(0)}' (alias without its twin)")
         r.state[self.name] = self_width
+        if len(set(transposed)) > 1:
+            raise r.error("the official ONNX transposes some entity inputs and not others: not an ML-Agents export")
+        if transposed[0]:
+            r.fields["attention_export"] = C.ATTENTION_EXPORT_030
 
     @staticmethod
     def _max_entities(r: KeyRules, i: int, size: int) -> int:
         """No tensor holds how many entities observation ``i`` takes: the official ONNX's input does."""
         name = C.OBS_INPUT.format(i=i)
-        dims = r.input_shapes.get(i)
+        hint = r.inputs.get(i)
+        dims = hint.dims if hint is not None else None
         if dims is None:
             raise r.error(f"{name} is a variable-length observation (entities of {size} features), and the checkpoint "
                           "does not say its maximum number of entities: give the official ONNX ML-Agents wrote with "
@@ -137,28 +144,42 @@ class Attention(Block):
         ents = entities(spec)
         d, heads = C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         total = sum(m for _, (m, _) in ents)
+        legacy = spec.attention_export == C.ATTENTION_EXPORT_030  # torch 1.x: no CSE, Pow's exponent an initializer
+        pow2 = (lambda s: g.init(f"{s}/Pow.exponent_{len(g.inits)}", np.array(2.0, np.float32))) if legacy else \
+            (lambda s: g.const(2.0, s))
+
+        def entity_input(i: int, m: int, size: int, scope: str) -> str:
+            x = C.OBS_INPUT.format(i=i)
+            if legacy:  # 0.30: x.transpose(2, 1).reshape(-1, m, size), for Barracuda
+                x = g.node("Reshape", [g.node("Transpose", [x], scope, perm=[0, 2, 1]),
+                                       g.const([-1, m, size], scope, np.int64)], scope)
+            return x
+
+        sq = [entity_input(i, m, size, sc) for i, (m, size) in ents]
         masks = []
-        for i, _ in ents:
-            sq = g.node("Pow", [C.OBS_INPUT.format(i=i), g.const(2.0, sc)], sc)
-            below = g.node("Less", [g.reduce_sum(sq, 2, 0, sc), g.const(C.ENTITY_MASK_BELOW, sc)], sc)
+        for x in sq:
+            below = g.node("Less", [g.reduce_sum(g.node("Pow", [x, pow2(sc)], sc), 2, 0, sc),
+                                    g.const(C.ENTITY_MASK_BELOW, sc)], sc)
             masks.append(g.node("Cast", [below], sc, to=1))  # TensorProto.FLOAT
-        rep = None
-        if f.h is not None:  # torch's CSE leaves one Reshape of the self embedding, in the first processor's scope
+        s = None
+        if f.h is not None:
             s = self._onnx_swish(g, f.gemm(f.h, C.C_ATT_SELF_W, C.C_ATT_SELF_B, C.SCOPE_X_SELF_LAYER.format(j=0)),
                                  C.SCOPE_X_SELF_LAYER.format(j=1))
-            first = C.SCOPE_ENTITY.format(i=ents[0][0])
-            rep = g.node("Reshape", [s, g.const([-1, 1, d], first, np.int64)], first)
+        rep = None
         embedded = []
-        for i, (m, _) in ents:
-            x, esc = C.OBS_INPUT.format(i=i), C.SCOPE_ENTITY.format(i=i)
-            if rep is not None:
+        for i, (m, size) in ents:
+            esc = C.SCOPE_ENTITY.format(i=i)
+            x = entity_input(i, m, size, esc)
+            if s is not None:
+                if rep is None or legacy:  # torch 2.x's CSE leaves one Reshape, in the first processor's scope
+                    rep = g.node("Reshape", [s, g.const([-1, 1, d], esc, np.int64)], esc)
                 x = g.node("Concat", [g.node("Concat", [rep] * m, esc, axis=1), x], esc, axis=2)
             z = self._onnx_linear(f, x, C.c_entity(i, LINEAR_WEIGHT), C.c_entity(i, LINEAR_BIAS),
                                   C.SCOPE_ENTITY_LAYER.format(i=i, j=0))
             embedded.append(self._onnx_swish(g, z, C.SCOPE_ENTITY_LAYER.format(i=i, j=1)))
         qkv = g.node("Concat", embedded, sc, axis=1)
         mask = g.node("Concat", masks, C.SCOPE_RSA, axis=1)
-        y = self._onnx_layer_norm(g, qkv, C.RSA_NORMS[0])
+        y = self._onnx_layer_norm(g, qkv, C.RSA_NORMS[0], legacy, pow2)
         q, k, v = (self._onnx_linear(f, y, C.c_attention(n, LINEAR_WEIGHT), C.c_attention(n, LINEAR_BIAS),
                                      C.SCOPE_RSA_LINEAR.format(n=n)) for n in C.RSA_LINEARS[:3])
         a = C.SCOPE_ATTENTION
@@ -176,11 +197,13 @@ class Attention(Block):
         o = g.node("Reshape", [g.node("Transpose", [o], a, perm=[0, 2, 1, 3]), g.const([-1, total, d], a, np.int64)], a)
         o = self._onnx_linear(f, o, C.c_attention("out", LINEAR_WEIGHT), C.c_attention("out", LINEAR_BIAS),
                               C.SCOPE_RSA_LINEAR.format(n="out"))
-        o = self._onnx_layer_norm(g, g.node("Add", [o, y], C.SCOPE_RSA), C.RSA_NORMS[1])
+        o = self._onnx_layer_norm(g, g.node("Add", [o, y], C.SCOPE_RSA), C.RSA_NORMS[1], legacy, pow2)
         r = C.SCOPE_RSA
         keep = g.node("Sub", [g.const(1.0, r), mask], r)
         num = g.node("Mul", [o, g.node("Reshape", [keep, g.const([-1, total, 1], r, np.int64)], r)], r)
         num = g.reduce_sum(num, 1, 0, r)
+        if legacy:
+            keep = g.node("Sub", [g.const(1.0, r), mask], r)
         den = g.node("Add", [g.reduce_sum(keep, 1, 1, r), g.const(C.POOL_EPSILON, r)], r)
         return g.node("Div", [num, den], r)
 
@@ -197,10 +220,13 @@ class Attention(Block):
         return f.g.node("Add", [f.init(b), f.g.node("MatMul", [x, wt], scope)], scope)
 
     @staticmethod
-    def _onnx_layer_norm(g, x: str, which: str) -> str:
+    def _onnx_layer_norm(g, x: str, which: str, legacy: bool, pow2) -> str:
         s = C.SCOPE_RSA_NORM.format(which=which)
-        c = g.node("Sub", [x, g.node("ReduceMean", [x], s, axes=[-1], keepdims=1)], s)
-        var = g.node("ReduceMean", [g.node("Pow", [c, g.const(2.0, s)], s)], s, axes=[-1], keepdims=1)
+        mean = g.node("ReduceMean", [x], s, axes=[-1], keepdims=1)
+        c = g.node("Sub", [x, mean], s)
+        var = g.node("ReduceMean", [g.node("Pow", [c, pow2(s)], s)], s, axes=[-1], keepdims=1)
+        if legacy:  # torch 1.x writes (x - mean) a second time
+            c = g.node("Sub", [x, mean], s)
         return g.node("Div", [c, g.node("Sqrt", [g.node("Add", [var, g.const(C.LAYER_NORM_EPS, s)], s)], s)], s)
 
     # --- torch -------------------------------------------------------------------------------
@@ -219,8 +245,9 @@ class Attention(Block):
                                                  for i, _ in ents)
         module.attention = nn.ModuleList(module.affine(T[C.c_attention(n, LINEAR_WEIGHT)], T[C.c_attention(n, LINEAR_BIAS)])
                                          for n in C.RSA_LINEARS)
-        module.fast[self.name] = (tuple((C.OBS_INPUT.format(i=i), m) for i, (m, _) in ents), sum(m for _, (m, _) in ents),
-                                  C.C_ATT_SELF_W in T, torch.nn.functional.silu)
+        module.fast[self.name] = (tuple((C.OBS_INPUT.format(i=i), m, size) for i, (m, size) in ents),
+                                  sum(m for _, (m, _) in ents), C.C_ATT_SELF_W in T, torch.nn.functional.silu,
+                                  spec.attention_export == C.ATTENTION_EXPORT_030)
 
     def torch_append(self, f: TorchFlow):
         """ML-Agents' forward, op for op (float32 masks; the logits' masking and the softmax in float32
@@ -229,15 +256,17 @@ class Attention(Block):
         from torch.nn.functional import linear
 
         mod = f.module
-        ents, total, has_self, silu = mod.fast[self.name]
+        ents, total, has_self, silu, legacy = mod.fast[self.name]
         cdt, d, heads = mod.compute_dtype, C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         masks, embedded = [], []
         s = None
         if has_self:
             p = mod.attention_self._parameters
             s = silu(linear(f.h, p["weight"], p["bias"]))[:, None, :]
-        for (name, m), lin in zip(ents, mod.entity_embeddings):
+        for (name, m, size), lin in zip(ents, mod.entity_embeddings):
             x = f.feed[name]
+            if legacy:  # what ML-Agents 0.30's ONNX does to an entity input
+                x = x.transpose(1, 2).reshape(-1, m, size)
             masks.append(((x.float() ** 2).sum(2) < C.ENTITY_MASK_BELOW).float())
             x = x.to(cdt)
             if s is not None:
@@ -269,7 +298,8 @@ class Attention(Block):
         ents = entities(policy.spec)
         self_lin = Linear(T[C.C_ATT_SELF_W], T[C.C_ATT_SELF_B]) if C.C_ATT_SELF_W in T else None
         return (ents, self_lin, [Linear(T[C.c_entity(i, LINEAR_WEIGHT)], T[C.c_entity(i, LINEAR_BIAS)]) for i, _ in ents],
-                [Linear(T[C.c_attention(n, LINEAR_WEIGHT)], T[C.c_attention(n, LINEAR_BIAS)]) for n in C.RSA_LINEARS])
+                [Linear(T[C.c_attention(n, LINEAR_WEIGHT)], T[C.c_attention(n, LINEAR_BIAS)]) for n in C.RSA_LINEARS],
+                policy.spec.attention_export == C.ATTENTION_EXPORT_030)
 
     def reference_append(self, r: ReferenceFlow, w):
         """The float64 forward with the bounds of ``verify.bounds`` (LayerNorm, softmax, the masked mean
@@ -281,7 +311,7 @@ class Attention(Block):
         from ..verify.bounds import (Bounded, affine, f64, layer_norm, masked_mean, matmul, minus_plus_one, softmax,
                                      swish)
 
-        ents, self_lin, ent_lins, (fq, fk, fv, fo) = w
+        ents, self_lin, ent_lins, (fq, fk, fv, fo), legacy = w
         d, heads = C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         hs = d // heads
         b = r.bounds
@@ -289,6 +319,8 @@ class Attention(Block):
         masks, embedded, unsure = [], [], []
         for (i, (m, size)), lin in zip(ents, ent_lins):
             x = f64(r.feed[C.OBS_INPUT.format(i=i)])
+            if legacy:
+                x = x.transpose(0, 2, 1).reshape(-1, m, size)
             sq = (x * x).sum(axis=2)
             masks.append(sq < _f32(C.ENTITY_MASK_BELOW))
             unsure.append(np.abs(sq - _f32(C.ENTITY_MASK_BELOW)) <= 2 * (size + 1) * U32 * sq + 1e-30)

@@ -43,6 +43,16 @@ class Port:
 
 
 @dataclass(frozen=True)
+class InputHint:
+    """What an official ONNX says about one observation input that no checkpoint tensor holds: its
+    ``dims`` without the batch axis (None where not fixed), and whether the graph first transposes
+    it (``transposed``: ML-Agents 0.30's export of an entity input, for Barracuda)."""
+
+    dims: Tuple[Any, ...]
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
 class IOSignature:
     """The policy's inputs and outputs, in Unity's order: the one source of their names, dims, dtypes."""
 
@@ -196,14 +206,14 @@ class KeyRules:
     next block needs in ``state`` (e.g. ``width``: the features the next block takes)."""
 
     def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None,
-                 input_shapes: Optional[Dict[int, Tuple[int, ...]]] = None):
+                 inputs: Optional[Dict[int, InputHint]] = None):
         self.sd = sd
         self.keys = list(sd.keys())
         self.path = path
         self.obs_sizes = obs_sizes
-        # observation index -> its input's dims without the batch axis, as the official ONNX states them
-        # (or the spec, re-reading a canonical file): what the checkpoint cannot say (an entity count)
-        self.input_shapes = dict(input_shapes or {})
+        # observation index -> what the official ONNX says of its input (or the spec, re-reading a
+        # canonical file) that the checkpoint cannot (an entity count, 0.30's transposed entities)
+        self.inputs: Dict[int, InputHint] = dict(inputs or {})
         self.remaining = set(self.keys)
         self.tensors: Dict[str, np.ndarray] = {}
         self.sources: Dict[str, str] = {}

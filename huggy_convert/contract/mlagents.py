@@ -106,3 +106,10 @@ ENTITY_MASK_BELOW = 0.01  # get_zero_entities_mask: an entity is padding when su
 ATTENTION_NEG_INF = -1e6  # MultiHeadAttention.NEG_INF: a masked key's logit
 LAYER_NORM_EPS = 1e-5  # layers.LayerNorm: (x - mean) / sqrt(var + 1e-5), no gamma/beta
 POOL_EPSILON = 1e-7  # ResidualSelfAttention.EPSILON: the masked mean's denominator
+# Which ML-Agents export of the attention a policy's ONNX mirrors: 1.1.0's, or 0.30.0's (Release 20,
+# torch 1.x, for Barracuda), which transposes and reshapes each entity input before use
+# (``x.transpose(2, 1).reshape(-1, max_entities, size)``: a different function of the input) and,
+# without torch 2.x's common-subexpression elimination, computes LayerNorm's ``x - mean`` and the
+# pooling's ``1 - mask`` twice, with Pow's exponent an initializer
+ATTENTION_EXPORT_110, ATTENTION_EXPORT_030 = "1.1", "0.30"
+ATTENTION_EXPORTS = (ATTENTION_EXPORT_110, ATTENTION_EXPORT_030)

@@ -24,9 +24,9 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
     """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
     official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an entity
     observation's entity count) is read from ``official``'s inputs."""
-    from .reference import input_shapes
+    from .reference import input_hints
 
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes, input_shapes=input_shapes(official))
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes, inputs=input_hints(official))
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
                         step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
                         exact_steps=mapped.exact_steps)

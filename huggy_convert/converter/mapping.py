@@ -7,7 +7,7 @@ names the key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -28,20 +28,20 @@ class MappedPolicy:
 
 
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
-               input_shapes: Optional[Dict[int, Tuple[int, ...]]] = None) -> MappedPolicy:
+               inputs: Optional[Dict[int, "blocks.InputHint"]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
 
     ``obs_sizes`` splits the observation width when the checkpoint cannot (``normalize: false``
     with several observations keeps no per-observation tensors); without it one observation
-    of the full width is assumed. ``input_shapes`` (observation index -> dims without the batch
-    axis: the official ONNX's inputs) says what no tensor holds, e.g. an entity observation's
-    maximum entity count.
+    of the full width is assumed. ``inputs`` (observation index -> ``blocks.InputHint``: the
+    official ONNX's inputs) says what no tensor holds, e.g. an entity observation's maximum entity
+    count (``converter.reference.input_hints``).
     """
     for k in sd:
         for pat, what in C.UNSUPPORTED_PATTERNS:
             if pat.search(k):
                 raise UnsupportedError(f"not supported yet: {what} (key '{k}')", path)
-    r = blocks.KeyRules(sd, path, obs_sizes, input_shapes)
+    r = blocks.KeyRules(sd, path, obs_sizes, inputs)
     for b in blocks.compute_order():
         b.claim(r)
     for b in blocks.REGISTRY:

@@ -210,7 +210,7 @@ def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Di
         sd[key] = torch.from_numpy(np.ascontiguousarray(tensors[canonical]))
     try:
         mapped = map_policy(sd, obs_sizes=[n for _, n in spec.vector_obs],
-                            input_shapes={i: spec.obs_shape(i) for i in range(spec.obs_count)})
+                            inputs=spec.input_hints())
     except HuggyError as exc:
         raise PolicyFileError(f"tensors do not match the spec metadata: {exc.message}", p) from None
     if mapped.spec != spec:

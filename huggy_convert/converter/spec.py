@@ -45,6 +45,8 @@ class PolicySpec:
     spec states it: ``(n,)`` a vector, ``(max_entities, entity_size)`` a variable-length observation,
     ``(C, H, W)`` a visual one (ML-Agents 1.x specs and ONNX inputs are channels first). The
     observation blocks (``blocks/``) own each kind. ``memory_size`` is 0 without an LSTM.
+    ``attention_export``: which ML-Agents export of the attention over entity observations the ONNX
+    mirrors and the modules compute (``1.1``; ``0.30`` transposes and reshapes each entity input first).
     """
 
     algorithm: str
@@ -57,6 +59,7 @@ class PolicySpec:
     memory_size: int = 0
     activation: str = "swish"
     obs_shapes: Tuple[Tuple[int, ...], ...] = ()
+    attention_export: str = C.ATTENTION_EXPORT_110
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
@@ -87,6 +90,11 @@ class PolicySpec:
             raise SpecError("spec has no action head (continuous_size 0, no discrete branches)")
         if self.activation not in ACTIVATIONS:
             raise SpecError(f"spec field 'activation' is {str(self.activation)[:40]!r}, not one of {', '.join(ACTIVATIONS)}")
+        if self.attention_export not in C.ATTENTION_EXPORTS:
+            raise SpecError(f"spec field 'attention_export' is {str(self.attention_export)[:40]!r}, not one of "
+                            f"{', '.join(C.ATTENTION_EXPORTS)}")
+        if self.attention_export != C.ATTENTION_EXPORT_110 and not self.observations(OBS_ENTITY):
+            raise SpecError(f"spec field 'attention_export' is {self.attention_export!r} without an entity observation")
         if not isinstance(self.notes, (tuple, list)) or not all(isinstance(n, str) for n in self.notes):
             raise SpecError("spec field 'notes' is not a list of strings")
 
@@ -147,8 +155,17 @@ class PolicySpec:
         mem = f", LSTM memory {self.memory_size}" if self.memory_size else ""
         obs = "+".join("x".join(map(str, self.obs_shape(i))) for i in range(self.obs_count))
         norm = "normalized " if self.normalize else ""
+        if self.attention_export != C.ATTENTION_EXPORT_110:
+            obs += f" (attention as ML-Agents {self.attention_export} exports it)"
         return (f"{self.algorithm.upper()} actor: {norm}obs {obs} -> {self.num_layers}x{self.hidden_units} "
                 f"{self.activation}{mem} -> {' + '.join(heads)}")
+
+    def input_hints(self):
+        """What this spec says of each observation input (``blocks.InputHint``), as an official ONNX
+        would: re-reading a canonical file maps its tensors with these (``converter.policy_file``)."""
+        transposed = self.attention_export == C.ATTENTION_EXPORT_030
+        return {i: blocks.InputHint(self.obs_shape(i), transposed and self.obs_kind(i) == OBS_ENTITY)
+                for i in range(self.obs_count)}
 
     def io_signature(self):
         """The policy's inputs and outputs as Unity binds them (names, dims, dtypes, kinds), in
@@ -183,6 +200,8 @@ class PolicySpec:
             d["obs_shapes"] = [list(s) for s in self.obs_shapes]
         else:  # an all-vector spec reads (and hashes) as before the field existed
             del d["obs_shapes"]
+        if self.attention_export == C.ATTENTION_EXPORT_110:  # likewise: a policy without 0.30's attention
+            del d["attention_export"]
         d["discrete_branches"] = list(self.discrete_branches)
         d["notes"] = list(self.notes)
         return json.dumps(d, sort_keys=True, separators=(",", ":"))

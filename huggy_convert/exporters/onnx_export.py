@@ -52,7 +52,7 @@ class _Graph:
         return outs[0] if n_out == 1 else outs
 
     def init(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(array, order="C"), name))  # a 0-d array stays 0-d
         return name
 
     def const(self, value, scope: str, dtype=np.float32) -> str:
