@@ -110,6 +110,15 @@ def encoded_width(spec) -> int:
     return sum(b.encoded_width(spec) for b in in_stage(OBSERVE, spec))
 
 
+def encoders(spec) -> List[dict]:
+    """Every observation's encoder (``Block.encoders``), in observation order of their first input."""
+    from .. import contract as C
+
+    order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
+    found = [e for b in in_stage(OBSERVE, spec) for e in b.encoders(spec)]
+    return sorted(found, key=lambda e: order[e["inputs"][0]])
+
+
 def parameter_count(spec, include_log_sigma: bool = True) -> int:
     return sum(b.parameter_count(spec, include_log_sigma) for b in active(spec))
 

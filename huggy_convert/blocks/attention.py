@@ -136,6 +136,21 @@ class Attention(Block):
     def encoded_width(self, spec) -> int:
         return C.ATTENTION_EMBEDDING_SIZE
 
+    def encoders(self, spec) -> List[Dict[str, object]]:
+        d, ents = C.ATTENTION_EMBEDDING_SIZE, entities(spec)
+        self_part = (f"the other observations' encodings ({spec.encoded_width - d}) through a Linear + Swish ({d}) "
+                     "put before every entity, " if spec.encoded_width > d else "")
+        legacy = (f"; the entity inputs transposed and reshaped first, as ML-Agents {spec.attention_export} exports it"
+                  if spec.attention_export != C.ATTENTION_EXPORT_110 else "")
+        return [{"inputs": [C.OBS_INPUT.format(i=i) for i, _ in ents], "kind": "entity",
+                 "shape": [list(s) for _, s in ents],
+                 "encoder": (f"attention over {sum(m for _, (m, _) in ents)} entities: {self_part}an entity embedding "
+                             f"(Linear + Swish, {d}) per observation, residual self-attention ({C.ATTENTION_HEADS} heads "
+                             f"of {d // C.ATTENTION_HEADS}, LayerNorm without parameters), the mean over the entities "
+                             f"that are not padding (squared sum >= {C.ENTITY_MASK_BELOW}); appended after the other "
+                             f"encodings{legacy}"),
+                 "width": d, "parameters": self.parameter_count(spec)}]
+
     # --- ONNX --------------------------------------------------------------------------------
     def onnx_append(self, f: OnnxFlow) -> Optional[str]:
         """ML-Agents' node sequence (opset 9, torch's legacy exporter): the masks, the self embedding,

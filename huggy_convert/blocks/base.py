@@ -129,6 +129,11 @@ class Block:
     def outputs(self, spec) -> List[Port]:
         return []
 
+    def encoders(self, spec) -> List[Dict[str, Any]]:
+        """OBSERVE blocks, for ``info``: what encodes its observations, one entry per encoder:
+        ``inputs`` (names), ``kind``, ``encoder`` (a sentence), ``width`` (its encoding's), ``parameters``."""
+        return []
+
     # --- ONNX (exporters.onnx_export) ------------------------------------------------------
     def onnx_observe(self, f: "OnnxFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""

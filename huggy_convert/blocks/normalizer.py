@@ -74,6 +74,11 @@ class Normalizer(Block):
     def encoded_width(self, spec) -> int:
         return spec.obs_total
 
+    def encoders(self, spec) -> List[Dict[str, object]]:
+        how = "normalizer: clamp((x - mean) / sqrt(variance / steps), -5, 5)" if spec.normalize else "as is (no normalizer)"
+        return [{"inputs": [C.OBS_INPUT.format(i=i)], "kind": "vector", "shape": [n], "encoder": how, "width": n,
+                 "parameters": 0} for i, n in spec.vector_obs]
+
     def onnx_observe(self, f: OnnxFlow) -> None:
         g, spec = f.g, f.spec
         for i, _ in spec.vector_obs:
