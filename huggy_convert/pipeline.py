@@ -85,6 +85,18 @@ def default_reference(ckpt_path: Path) -> Optional[Path]:
         return None
 
 
+def step_onnx(ckpt: Checkpoint) -> Optional[Path]:
+    """For ``checkpoint.pt`` (the newest step saved a second time, no ONNX beside it under its name):
+    the ONNX ML-Agents wrote beside the step file of its global step, ``<Behavior>-<step>.onnx``."""
+    if ckpt.path.name != C.CHECKPOINT_FILE or ckpt.global_step is None:
+        return None
+    try:
+        found = [p for p in ckpt.path.parent.glob(f"*-{int(ckpt.global_step)}{SUFFIXES[ONNX]}") if p.is_file()]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
     """How the vector observations' width splits, from the official ONNX's inputs (those of shape
     ``[batch, n]``), for a policy without normalizers (``normalize: false`` keeps no per-observation
@@ -141,9 +153,15 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
                 raise
             reference = None
     sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
+    hints_from = None
+    if official is None and step_onnx(ckpt) is not None:  # checkpoint.pt: what no tensor says, from its step's ONNX
+        try:
+            hints_from = read_reference(step_onnx(ckpt))[0]
+        except InputError:
+            hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
-                                  reference_sha256=ref_sha)
+                                  reference_sha256=ref_sha, hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
