@@ -70,6 +70,8 @@ class ConvertResult:
             "divisor_decision": decision if spec.normalize else None,
             "seconds": round(self.seconds, 3),
         }
+        if spec.obs_shapes:  # observations that are not vectors: every observation's shape
+            d["spec"]["obs_shapes"] = [list(s) for s in spec.obs_shapes]
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}
