@@ -517,7 +517,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
     if o.verify:
-        from .exporters.devices import check_devices
+        from .verify.engine import check_devices
 
         check_devices(getattr(o.verify_options, "devices", None))
     make_dirs(out)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from . import contract as C
 from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 from .modes.commands import Command  # one-line usage errors (the modes' command class)
 
@@ -109,8 +110,8 @@ def main():
 @main.command("convert", cls=Command)
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--opset", type=click.IntRange(9, 15), default=9, show_default=True,
-              help="ONNX opset of the rebuilt model (9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 on CANN 5/6)")
+@click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
+              show_default=True, help=f"ONNX opset of the rebuilt model ({C.opset_story()})")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside the checkpoint)")
 @click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
@@ -146,16 +147,21 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 
             return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
         res = convert_one(source, out, opts)
+        s, atc = res.summary(), res.atc()
+        s["atc"] = atc
         if as_json:
-            click.echo(json.dumps(res.summary(), indent=2))
+            click.echo(json.dumps(s, indent=2))
         else:
-            s = res.summary()
+            from .exporters.atc import render
+
             click.echo(f"{source} -> {out}/")
             click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {s['training_step']}")
             if s.get("divisor"):
                 click.echo(f"  divisor: {s['divisor']}")
             for kind, a in res.artifacts.items():
                 click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
+            for line in render(atc) if atc else ():
+                click.echo(line)
             if res.report is not None:
                 click.echo(res.report.render())
             click.echo(f"  {res.seconds:.2f} s")
@@ -188,6 +194,42 @@ def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices,
         return EXIT_VERIFY_FAILED if failed else EXIT_OK
 
     sys.exit(run_guarded(go, as_json, out))
+
+
+@main.command("to-checkpoint", cls=Command)
+@click.argument("policy", type=click.Path(path_type=Path), metavar="POLICY.safetensors")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--global-step", type=click.IntRange(0, 2 ** 63 - 1), default=None,
+              help="the step stored in the file (default: the policy's training step; --initialize-from "
+                   "restarts at 0 anyway, --resume continues from it)")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+def to_checkpoint_cmd(policy, out, global_step, as_json):
+    """Write OUT/checkpoint.pt, the file ML-Agents 1.1.0 initializes a run from: the Policy state dict
+    under ML-Agents' key names, dtypes and shapes (normalizer alias keys and int64 step counts included)
+    and global_step. The optimizer, critic and reward-signal state are not in a canonical policy:
+    ML-Agents starts them fresh (it logs 'Failed to load for module ...' for each)."""
+    from .pipeline import to_checkpoint
+
+    def go():
+        res = to_checkpoint(policy, out, global_step)
+        s = res.summary()
+        if as_json:
+            click.echo(json.dumps(s, indent=2))
+            return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+        rb = s["read_back"]
+        click.echo(f"{policy} -> {res.path}")
+        click.echo(f"  {s['family']}, step {res.global_step}")
+        click.echo(f"  wrote {res.path.name}  sha256 {res.sha256[:16]}…  ({len(res.keys)} keys of "
+                   f"{s['modules'][0]} + {s['modules'][1]}; no optimizer or critic: ML-Agents starts them fresh)")
+        click.echo(f"  {'✓' if res.ok else '✗'} read back: spec {'equal' if rb['spec_equal'] else 'DIFFERS'}, "
+                   f"{rb['bitwise_equal']}/{rb['tensors']} tensors bitwise equal, step {rb['training_step']}")
+        first, *rest = s["usage"]
+        click.echo(f"  use: {first}")
+        for line in rest:
+            click.echo(f"       {line}")
+        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+
+    sys.exit(run_guarded(go, as_json, policy))
 
 
 from .modes import register as _register_modes  # noqa: E402 (the modes register on the group above)

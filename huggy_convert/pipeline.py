@@ -78,6 +78,16 @@ class ConvertResult:
         return d
 
 
+    def atc(self) -> Optional[Dict[str, object]]:
+        """The ``atc`` command for the ``.onnx`` written (``exporters.atc``), read off the file."""
+        a = self.artifacts.get(ONNX)
+        if a is None:
+            return None
+        from .exporters.atc import atc_plan
+
+        return atc_plan(onnx.load(a["path"]), a["path"], self.conversion.policy.spec)
+
+
 def default_reference(ckpt_path: Path) -> Optional[Path]:
     """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt)."""
     p = ckpt_path.with_suffix(SUFFIXES[ONNX])
@@ -193,7 +203,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     ``.pt2`` writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture);
     ``profile``: the VerifyOptions (default: the options'); ``notes``: added to the report.
     Every artifact is built in memory before the first is written, so bad input leaves nothing."""
-    from .exporters.devices import check_devices
+    from .verify.engine import check_devices
     from .verify import Reference, VerifyOptions, verify
     from .verify.engine import report_bytes
 
@@ -240,7 +250,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
     """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
-    from .exporters.devices import check_devices
+    from .verify.engine import check_devices
     from .verify import Reference, verify, write_report
 
     check_devices(getattr(options, "devices", None))
@@ -270,3 +280,84 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
         write_report(rep, arts.path(REPORT))
         reports.append(rep)
     return reports
+
+
+@dataclass
+class ToCheckpointResult:
+    """A canonical policy written back as ML-Agents' ``checkpoint.pt`` and read back."""
+
+    source: Path
+    path: Path
+    policy: object
+    global_step: int
+    sha256: str
+    size: int
+    keys: List[str]
+    read_back: Dict[str, object]
+    behavior: Optional[str]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.read_back.get("ok"))
+
+    def summary(self) -> Dict[str, object]:
+        spec = self.policy.spec
+        return {"ok": self.ok, "source": str(self.source), "out": str(self.path), "sha256": self.sha256,
+                "bytes": self.size, "family": spec.family, "training_step": self.global_step,
+                "modules": [C.CKPT_POLICY, C.CKPT_GLOBAL_STEP], "policy_keys": self.keys,
+                "not_included": "optimizer, critic and reward-signal state: ML-Agents logs 'Failed to load for "
+                                "module ...' for each and starts it fresh",
+                "behavior": self.behavior, "read_back": self.read_back, "usage": self.usage()}
+
+    def usage(self) -> List[str]:
+        """How ML-Agents takes the file: ``--initialize-from`` (its run directory layout) or ``init_path``."""
+        b = self.behavior or "<Behavior>"
+        return [f"copy it to {C.RESULTS_DIR}/<run-id>/{b}/{C.CHECKPOINT_FILE}, then {C.LEARN_COMMAND} CONFIG.yaml "
+                f"{C.LEARN_RUN_ID}=<new-id> {C.LEARN_INITIALIZE_FROM}=<run-id>",
+                f"or set behaviors.{b}.{C.SETTING_INIT_PATH}: {self.path.resolve()} in CONFIG.yaml"]
+
+
+def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheckpointResult:
+    """``source`` (a canonical ``.safetensors``) -> ``out_dir/checkpoint.pt`` that ML-Agents 1.1.0
+    initializes from (``converter.state_dict``), written under a temporary name and renamed, then read
+    back by this tool's own reader: the same spec, every tensor bitwise (the divisors aside: ML-Agents
+    computes its own from the statistics) and the step."""
+    import numpy as np
+
+    from .converter import load_policy, map_policy
+    from .converter.policy_file import atomic_write_bytes
+    from .converter.state_dict import checkpoint_bytes, checkpoint_dict
+
+    src = Path(source)
+    if src.suffix != SUFFIXES[SAFETENSORS]:
+        raise InputError(f"to-checkpoint reads a canonical {SUFFIXES[SAFETENSORS]} policy (convert the "
+                         f"checkpoint first: huggy-convert CKPT OUT/)", src)
+    policy = load_policy(src)
+    if global_step is None:
+        recorded = policy.metadata.get("training_step", "")
+        global_step = int(recorded) if recorded.isdigit() else 0
+    ckpt = checkpoint_dict(policy, global_step)
+    data, keys = checkpoint_bytes(ckpt), list(ckpt[C.CKPT_POLICY])
+    del ckpt
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", out)
+    make_dirs(out)
+    path = out / C.CHECKPOINT_FILE
+    if path.exists() and path.resolve() == src.resolve():
+        raise InputError("refusing to overwrite the input", path)
+    with locked(out, C.CHECKPOINT_FILE):
+        atomic_write_bytes(path, data)
+    back = load_checkpoint(path)  # this tool's own reader (weights_only=True), on the file written
+    mapped = map_policy(back.policy, back.path, obs_sizes=policy.spec.obs_sizes)
+    compared = list(policy.sources)
+    equal = [c for c in compared if c in mapped.tensors
+             and mapped.tensors[c].tobytes() == np.asarray(policy.tensors[c], np.float32).tobytes()
+             and mapped.tensors[c].shape == policy.tensors[c].shape]
+    same_bytes = hashlib.sha256(data).hexdigest() == back.sha256
+    read_back = {"ok": mapped.spec == policy.spec and len(equal) == len(compared) and back.global_step == global_step
+                 and same_bytes, "spec_equal": mapped.spec == policy.spec, "tensors": len(compared),
+                 "bitwise_equal": len(equal), "training_step": back.global_step, "bytes_as_written": same_bytes}
+    m = C.STEP_CHECKPOINT_RE.match(policy.metadata.get("source_file", ""))
+    return ToCheckpointResult(src, path, policy, int(global_step), back.sha256, len(data), keys, read_back,
+                              m.group("behavior") if m else None)

@@ -4,7 +4,9 @@ A block (:class:`base.Block`) owns, for its part of the actor:
 
 - its checkpoint key rules (``claim``: the ML-Agents keys it takes, the canonical tensors they
   become, the spec fields it infers, the shapes it cross-checks; ``constant_checks``: what the
-  actor's constant vectors must say about it) — ``converter.mapping`` loops over them;
+  actor's constant vectors must say about it) — ``converter.mapping`` loops over them; ``restore``
+  (what writing its keys back needs beyond ``policy.sources``: ML-Agents' dtypes, alias keys) —
+  ``converter.state_dict`` loops over them;
 - its parameter count (``parameter_count``) — ``PolicySpec.parameter_count`` sums them;
 - its input/output ports (``inputs``/``outputs``) — ``PolicySpec.io_signature`` concatenates them;
 - its ONNX nodes (``onnx_observe`` for an observation's processor, ``onnx_encode`` for a features

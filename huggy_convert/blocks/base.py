@@ -115,6 +115,13 @@ class Block:
         """(constant key, what this block's tensors say it must hold, what says so)."""
         return []
 
+    # --- back into ML-Agents (converter.state_dict) -------------------------------------------
+    def restore(self, policy, sd: Dict[str, Any]) -> None:
+        """The inverse of ``claim`` beyond what ``policy.sources`` gives back (each canonical tensor,
+        float32, under the key it was taken from): ML-Agents' own dtype where that is not float32, and
+        the keys no canonical tensor stands for (an alias). ``sd``: ML-Agents key -> torch tensor;
+        raise ``SpecError`` where the policy cannot be written back."""
+
     # --- spec ------------------------------------------------------------------------------
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         return 0
@@ -227,6 +234,7 @@ class KeyRules:
         self.exact_steps: Dict[str, int] = {}
         self.fields: Dict[str, Any] = {}
         self.state: Dict[str, Any] = {}
+        self.order: List[str] = []  # every key taken or ignored, in the order the rules met them
 
     def error(self, message: str) -> SpecError:
         return SpecError(message, self.path)
@@ -262,6 +270,7 @@ class KeyRules:
     def ignore(self, key: str, why: str) -> None:
         self.ignored[key] = why
         self.remaining.discard(key)
+        self.order.append(key)
 
     def twin(self, alias: str, key: str) -> None:
         """``alias`` (a second name of ``key``'s module), when present, must be ``key``'s tensor bit for
@@ -305,6 +314,7 @@ class KeyRules:
         self.tensors[canonical] = np.array(a, dtype=np.float32, order="C")
         self.sources[canonical] = key
         self.remaining.discard(key)
+        self.order.append(key)
         return a
 
     def linear(self, key_pattern: str, w_canonical: str, b_canonical: str, out: int, width: int) -> None:

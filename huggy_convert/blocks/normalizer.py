@@ -9,6 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
+from ..errors import SpecError
 from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 
@@ -41,11 +42,8 @@ class Normalizer(Block):
                 raise r.error(f"wrong shape for '{pre + C.NORM_MEAN}': {list(r.shape(mean_t))}, expected [n]")
             n = r.shape(mean_t)[0]
             sizes.append(n)
-            r.take(pre + C.NORM_MEAN, C.c_norm(i, C.NORM_MEAN), (n,))
-            var = r.take(pre + C.NORM_VAR, C.c_norm(i, C.NORM_VAR), (n,))
-            if np.any(var <= 0):
-                j = int(np.argmax(var <= 0))
-                raise r.error(f"'{pre + C.NORM_VAR}' must be > 0 (a running sum of squares), index {j} is {var[j]!r}")
+            # taken in ML-Agents' registration order (steps, mean, variance): converter.state_dict
+            # writes a state dict back in the order the keys were claimed
             steps_t = sd[pre + C.NORM_STEPS]
             if steps_t.numel() != 1:
                 raise r.error(f"wrong shape for '{pre + C.NORM_STEPS}': {list(r.shape(steps_t))}, expected a scalar")
@@ -53,6 +51,11 @@ class Normalizer(Block):
             r.take(pre + C.NORM_STEPS, C.c_norm(i, C.NORM_STEPS), r.shape(steps_t), integer=True)
             if not steps_exact > 0:
                 raise r.error(f"'{pre + C.NORM_STEPS}' is {steps_exact}: must be > 0 (it divides the variance)")
+            r.take(pre + C.NORM_MEAN, C.c_norm(i, C.NORM_MEAN), (n,))
+            var = r.take(pre + C.NORM_VAR, C.c_norm(i, C.NORM_VAR), (n,))
+            if np.any(var <= 0):
+                j = int(np.argmax(var <= 0))
+                raise r.error(f"'{pre + C.NORM_VAR}' must be > 0 (a running sum of squares), index {j} is {var[j]!r}")
             if isinstance(steps_exact, int) and steps_exact >= C.FLOAT32_EXACT_INT_LIMIT:
                 # float32 is what torch divides by anyway (int64 / float32 promotes to float32);
                 # the exact count is kept in the metadata.
@@ -67,6 +70,26 @@ class Normalizer(Block):
         r.state["obs_sizes"] = sizes  # the body decides the split when there are none (normalize: false)
         # every observation block records what it found: index -> (shape, encoded width)
         r.state.setdefault("observations", {}).update({i: ((n,), n) for i, n in zip(norm_idx, sizes)})
+
+    def restore(self, policy, sd) -> None:
+        """Each normalizer's step count as ML-Agents keeps it (a 0-d int64, its exact value), and the
+        alias keys: the same tensors again under ``network_body.processors.{i}`` (one module, two names;
+        the same tensor objects, so torch.save stores them once, as ML-Agents' files do)."""
+        import torch
+
+        if not policy.spec.normalize:
+            return
+        exact = policy.exact_steps
+        for i, _ in policy.spec.vector_obs:
+            pre, alias, name = C.NORM_PREFIX.format(i=i), C.NORM_ALIAS_PREFIX.format(i=i), C.c_norm(i, C.NORM_STEPS)
+            steps = float(policy.tensors[name].reshape(-1)[0])
+            count = exact.get(name, steps)
+            if not (float(count).is_integer() and count >= 1):
+                raise SpecError(f"normalizer {i}: {count!r} steps is not a whole count, which ML-Agents keeps "
+                                f"('{pre + C.NORM_STEPS}' is an integer)")
+            sd[pre + C.NORM_STEPS] = torch.tensor(int(count), dtype=getattr(torch, C.NORM_STEPS_DTYPE))
+            for f in C.NORM_FIELDS:
+                sd[alias + f] = sd[pre + f]
 
     def inputs(self, spec) -> List[Port]:
         return [Port(C.OBS_INPUT.format(i=i), (C.BATCH_DIM, n), kind=OBSERVATION) for i, n in spec.vector_obs]

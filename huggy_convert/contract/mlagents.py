@@ -29,6 +29,11 @@ STATUS_AUX_FILES = "auxillary_file_paths"  # (sic) the .pt
 STATUS_AUX_FILES_FIXED = "auxiliary_file_paths"  # the spelling a later ML-Agents may use
 CHECKPOINT_SUFFIX = ".pt"
 STEP_CHECKPOINT_RE = re.compile(r"^(?P<behavior>.+)-(?P<step>\d+)\.pt$")  # <Behavior>-<step>.pt
+RESULTS_DIR = "results"  # mlagents-learn --results-dir default
+LEARN_COMMAND = "mlagents-learn"
+LEARN_INITIALIZE_FROM = "--initialize-from"  # reads results/<run-id>/<Behavior>/checkpoint.pt
+LEARN_RUN_ID = "--run-id"
+SETTING_INIT_PATH = "init_path"  # behaviors.<Behavior>.init_path: a checkpoint file to initialize from
 
 # --- Policy state dict (SimpleActor) ----------------------------------------------------
 K_VERSION = "version_number"
@@ -50,7 +55,9 @@ NORM_ALIAS_PREFIX = "network_body.processors.{i}.normalizer."  # same module, se
 NORM_STEPS = "normalization_steps"
 NORM_MEAN = "running_mean"
 NORM_VAR = "running_variance"
-NORM_FIELDS = (NORM_STEPS, NORM_MEAN, NORM_VAR)
+NORM_FIELDS = (NORM_STEPS, NORM_MEAN, NORM_VAR)  # in the order Normalizer registers its buffers
+NORM_STEPS_DTYPE = "int64"  # register_buffer("normalization_steps", torch.tensor(1)): a 0-d int64
+GLOBAL_STEP_DTYPE = "int64"  # GlobalSteps: nn.Parameter(torch.Tensor([0]).to(torch.int64)), shape [1]
 
 BODY_LAYER = "network_body._body_endoder.seq_layers.{j}.{p}"  # (sic: endoder); j = 2*layer
 LSTM_KEY = "network_body.lstm.lstm.{p}_l0"  # weight_ih, weight_hh, bias_ih, bias_hh

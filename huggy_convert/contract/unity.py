@@ -17,8 +17,31 @@ OUT_DISC_DET = "deterministic_discrete_actions"
 RECURRENT_OUT = "recurrent_out"
 NOISE_INPUT = "epsilon"  # only in our --noise-input variant: the RandomNormalLike draw as an input
 BATCH_DIM = "batch"
-ONNX_OPSET_DEFAULT = 9
-ONNX_OPSETS = tuple(range(9, 16))  # Barracuda: 9; Sentis: 7-15; Ascend ATC: 9-13 (CANN 5/6), 9-18 (CANN 7)
+ONNX_OPSET_DEFAULT = 9  # what ML-Agents' exporter writes
+ONNX_OPSETS = tuple(range(9, 16))  # what this tool rebuilds: 9..15
+
+# --- Where each runtime takes an ONNX: the one opset story of the help texts, the README and the atc hint
+# (runtime, first opset, last opset, what says so). ATC: hiascend.com "ONNX算子规格" pages of CANN 5.0.4
+# (canncommercial/5046 .../atctool/atlasatc_16_0164.html) and 6.0.1 (canncommercial/601
+# .../atctool/atctool_0178.html): "ONNX 1.8.0, Opset v9~v13"; CANN 7.0.0 (canncommercial/700
+# .../atctool/atlasatc_16_0201.html): "ONNX 1.12.0, Opset v9~v18".
+OPSET_TARGETS = (
+    ("Barracuda", 9, 9, "Unity Barracuda (ML-Agents' own target): its opset-13 Clip/Slice/Squeeze forms are not for it"),
+    ("Unity Sentis", 7, 15, "Sentis imports opset 7-15 (newer releases more)"),
+    ("Ascend ATC, CANN 5.0/6.0", 9, 13, "ATC's ONNX operator spec: ONNX 1.8.0, opset v9-v13"),
+    ("Ascend ATC, CANN 7.0+", 9, 18, "ATC's ONNX operator spec: ONNX 1.12.0, opset v9-v18"),
+)
+
+
+def opset_story() -> str:
+    """``9 = ML-Agents/Barracuda; Unity Sentis 7-15; ...``: the opset advice every help text gives."""
+    parts = [f"{lo} = ML-Agents/{name}" if lo == hi else f"{name}: {lo}-{hi}" for name, lo, hi, _ in OPSET_TARGETS]
+    return "; ".join(parts)
+
+
+def opset_targets(opset: int):
+    """(runtime, accepts ``opset``) for every target of :data:`OPSET_TARGETS`."""
+    return [(name, lo <= opset <= hi) for name, lo, hi, _ in OPSET_TARGETS]
 
 # Node scopes of ML-Agents' export (torch.onnx names nodes by module path); our rebuilt graph uses the same.
 SCOPE_NORMALIZER = "/network_body/observation_encoder/processors.{i}/normalizer"

@@ -6,8 +6,8 @@ names the key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class MappedPolicy:
     ignored: Dict[str, str]  # ML-Agents key -> why it is not exported
     original: Dict[str, Dict[str, object]]  # canonical name -> {"dtype", "shape"} where not float32
     exact_steps: Dict[str, int]  # canonical steps name -> exact integer value (when > 2^24)
+    order: List[str] = field(default_factory=list)  # the keys taken or ignored by the blocks, in claim order
 
 
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
@@ -62,4 +63,4 @@ def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[in
     blocks.check_constants(r)
 
     spec = PolicySpec(**r.fields)
-    return MappedPolicy(spec, r.tensors, r.sources, r.ignored, r.original, r.exact_steps)
+    return MappedPolicy(spec, r.tensors, r.sources, r.ignored, r.original, r.exact_steps, r.order)

@@ -7,6 +7,14 @@ from typing import List, Optional
 from ..errors import DeviceError
 
 DTYPES = ("float32", "float16", "bfloat16")
+NPU = "npu"  # an Ascend NPU: torch_npu for torch, onnxruntime-cann for onnxruntime
+
+
+def torch_npu_installed() -> bool:
+    """Whether torch_npu is installed (looked up, not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch_npu") is not None
 
 
 def torch_dtype(name: str):
@@ -56,23 +64,14 @@ def resolve_device(name: str) -> str:
     raise DeviceError(f"unknown device '{name[:40]}': choose cpu, cuda, npu or auto")
 
 
-def check_devices(names) -> None:
-    """Every device asked for (``--verify-device``) is present here, else a ``DeviceError``: called
-    before anything is written, so a missing accelerator leaves no artifact behind."""
-    for name in names or ():
-        resolve_device(str(name))
-
-
 def available_devices(include_npu: Optional[bool] = None) -> List[str]:
     """Every device index present: cpu always, each CUDA device, and each NPU. ``include_npu=None``
     looks for NPUs only where torch_npu is installed (on such a machine ``import torch`` loads it
     anyway, since torch 2.5); elsewhere torch_npu is never imported."""
-    import importlib.util
-
     import torch
 
     if include_npu is None:
-        include_npu = importlib.util.find_spec("torch_npu") is not None
+        include_npu = torch_npu_installed()
     out = ["cpu"]
     if torch.cuda.is_available():
         out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -88,6 +87,8 @@ def device_name(dev: str) -> str:
 
     if dev.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(dev))
-    if dev.startswith("npu"):
+    if dev.split(":")[0] == NPU:
+        if not torch_npu_installed():  # asked for through onnxruntime's CANN execution provider only
+            return "Ascend NPU (no torch_npu here)"
         return torch.npu.get_device_name(torch.device(dev))
     return platform.processor() or platform.machine()

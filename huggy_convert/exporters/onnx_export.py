@@ -111,7 +111,7 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     Identity per constant output."""
     if opset not in C.ONNX_OPSETS:
         raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
-                          "(Barracuda: 9, Sentis: 7-15, Ascend ATC: 9-13 on CANN 5/6, 9-18 on CANN 7)")
+                          f"({C.opset_story()})")
     spec = policy.spec
     sig = spec.io_signature()
     g = _Graph(opset)

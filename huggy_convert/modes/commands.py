@@ -262,7 +262,7 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
 @click.command("export", cls=Command)
 @source_arg
 @click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
-              show_default=True, help="9 = ML-Agents/Barracuda; Sentis 7-15; Ascend ATC 9-13 (CANN 5/6), 9-18 (CANN 7)")
+              show_default=True, help=C.opset_story())
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows for the reference check")

@@ -44,7 +44,8 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 
     if opset not in C.ONNX_OPSETS:
-        raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]}")
+        raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
+                          f"({C.opset_story()})")
     if dtype != "float32":
         raise ExportError(f"--dtype {dtype}: the Unity-contract ONNX is float32 (cast at deployment, e.g. ATC "
                           "--precision_mode; the torch module takes --dtype)", src.path)
@@ -132,6 +133,9 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
                    "bitwise": bool(outs) and all(o.get("bitwise", False) for o in outs.values())})
     if checks:
         r.data["checks"] = [c.to_dict() for c in checks]
+    from ..exporters.atc import atc_plan, render
+
+    r.data["atc"] = atc_plan(loaded, display_path(out), src.spec)
     r.lines.append(f"export {src.label} -> {display_path(out)} (opset {opset}{', noise input' if noise_input else ''}, "
                    f"{len(data):,} bytes, sha256 {r.data['sha256'][:16]}…)")
     if "note" in r.data:
@@ -148,4 +152,5 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
             text = "missing" if o.get("missing") else (f"{o['bitwise_equal']}/{o['count']} equal" if "mismatches" in o else
                                                        f"max_abs={g(o['max_abs'], 3)} bitwise={o['bitwise_equal']}/{o['count']}")
             r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} on {rows} probes: {text}")
+    r.lines += render(r.data["atc"])
     return r

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
+from .. import contract as C
 from ..errors import HuggyError
 from .common import FAIL, PASS, SKIP, WARN, ModeResult, fp32_agree, fp32_reference, g, tolerance
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
@@ -73,5 +74,98 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
         r.lines.append(f"{head} {'; '.join(parts)}{note}")
     if src.kind == KIND_ONNX:
         r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors")
+    if src.policy is not None:
+        _atc_modes(r, src, feed, ref, f64, names, devices)
     return r
+
+
+# ATC's precision modes, each emulated on the CPU: (mode, short, what runs, weights dtype, normalizer dtype)
+KEEP_DTYPE = f"{C.PRECISION_ALLOW_FP32_TO_FP16} + --keep_dtype"
+ATC_EMULATIONS = (
+    (C.PRECISION_FORCE_FP16, "fp16 everywhere, the normalizer too",
+     "ATC's inference default: every op that has an fp16 kernel in fp16, the normalizer's Sub/Div/Clip included "
+     "(the torch module in float16 with its normalizer in float16)", "float16", "float16"),
+    (KEEP_DTYPE, "the normalizer fp32, the rest fp16",
+     f"the normalizer's nodes kept float32 by --keep_dtype, every other op in fp16: the worst case of "
+     f"{C.PRECISION_ALLOW_FP32_TO_FP16} and {C.PRECISION_ALLOW_MIX} with the normalizer kept (the torch module in "
+     "float16, its normalizer pinned float32)", "float16", "float32"),
+    (C.PRECISION_KEEP_ORIGIN, "float32 throughout",
+     "the graph's own float32 (onnxruntime on the rebuilt ONNX)", None, None),
+)
+
+
+def _atc_modes(r: ModeResult, src: Source, feed, ref, f64, names, devices) -> None:
+    """Each ATC precision mode against the CPU float32 reference, measured: fp16 modes emulated with the
+    torch module in float16 (the normalizer in fp16 or kept fp32), judged by verify's fp16 bound;
+    ``must_keep_origin_dtype`` as the rebuilt ONNX in onnxruntime, judged by the derived float32 bound.
+    Where onnxruntime-cann is installed and an NPU is among the devices, the same ONNX runs on it
+    through the CANN execution provider with each precision mode. Advisory: none fails the command."""
+    from ..exporters.devices import NPU
+    from ..exporters.torch_module import build_module
+    from ..runtime import ModuleRunner, OrtRunner, cann_available
+
+    fp16 = tolerance("float16")
+    rows: List[Dict] = []
+
+    def judge(mode, short, what, got, fp32, where="cpu emulation"):
+        row = {"precision_mode": mode, "short": short, "emulates": what, "where": where, "outputs": {}}
+        ok = True
+        for k in names:
+            if fp32 and f64 is not None:
+                c = fp32_agree(f64, k, ref[k], got[k])
+                bound = {"rule": "derived float32 bound", "bound_ratio": c.bound_ratio}
+            else:
+                c, bound = fp16.compare(ref[k], got[k]), {"rule": "fp16 bound", "atol": fp16.atol,
+                                                          "min_cosine": fp16.cosine}
+            row["outputs"][k] = dict(c.figures(), **bound, within=bool(c))
+            ok = ok and bool(c)
+        row["within_bound"] = ok
+        rows.append(row)
+
+    for mode, short, what, dt, ndt in ATC_EMULATIONS:
+        try:
+            if dt is None:
+                got = OrtRunner(src.reference_onnx(), "cpu", spec=src.spec).deterministic(feed)
+            else:
+                got = ModuleRunner(build_module(src.policy, "cpu", dt, normalizer_dtype=ndt)).deterministic(feed)
+        except HuggyError as exc:
+            rows.append({"precision_mode": mode, "short": short, "emulates": what, "where": "cpu emulation",
+                         "skipped": exc.message})
+            continue
+        judge(mode, short, what, got, dt is None)
+    npus = [d for d in devices if d.split(":")[0] == NPU]
+    if npus and cann_available():
+        for mode in (C.PRECISION_FORCE_FP16, C.PRECISION_ALLOW_FP32_TO_FP16, C.PRECISION_KEEP_ORIGIN):
+            where = f"{npus[0]} {C.CANN_EP}"
+            try:
+                got = OrtRunner(src.reference_onnx(), npus[0], spec=src.spec, precision_mode=mode).deterministic(feed)
+            except HuggyError as exc:
+                rows.append({"precision_mode": mode, "where": where, "skipped": exc.message})
+                continue
+            judge(mode, "measured on the NPU", "onnxruntime's CANN execution provider with this precision_mode",
+                  got, mode == C.PRECISION_KEEP_ORIGIN, where)
+    # the fastest mode within its bound that keeps the normalizer float32 (force_fp16 is the evidence
+    # against ATC's default, never the advice: an observation past fp16's range would overflow it)
+    kept = [row for row in rows if row.get("within_bound") and row["where"] == "cpu emulation"
+            and (row["precision_mode"] != C.PRECISION_FORCE_FP16 or not src.spec.normalize)]
+    fastest = kept[0]["precision_mode"] if kept else None
+    r.data["atc"] = {"reference": "the CPU float32 run above", "modes": rows, "recommended": fastest,
+                     "note": "ATC's --keep_dtype keeps the listed nodes' dtype; must_keep_origin_dtype ignores it"}
+    r.lines.append(f"  Ascend ATC precision modes against the CPU float32 run (fp16 bound: atol {fp16.atol:g}, "
+                   f"cosine >= {fp16.cosine:g}; float32: the derived bound):")
+    for row in rows:
+        if "skipped" in row:
+            r.lines.append(f"    - {row['precision_mode']:<34} skipped: {row['skipped']}")
+            continue
+        parts = [f"{k}: " + (f"{o['bitwise_equal']}/{o['count']} equal" if "mismatches" in o else
+                             f"max_abs={g(o['max_abs'], 3)}" + (f" (bound ratio {g(o['bound_ratio'], 3)})"
+                                                                if "bound_ratio" in o else ""))
+                 for k, o in row["outputs"].items()]
+        mark = "✓" if row["within_bound"] else "✗"
+        r.lines.append(f"    {mark} {row['precision_mode']:<34} {'; '.join(parts)}  ({row['where']}: {row['short']})"
+                       + ("" if row["within_bound"] else "  OVER THE BOUND"))
+    if fastest:
+        kept_text = " that keeps the normalizer float32" if src.spec.normalize else ""
+        r.lines.append(f"    recommended: {fastest} (the fastest mode within its bound{kept_text}; convert and export "
+                       "print the atc command)")
 

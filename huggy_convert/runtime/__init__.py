@@ -12,9 +12,9 @@ Stages below (contract, converter, exporters) are used; verify and modes use thi
 """
 from .base import STOCHASTIC, Runner, deterministic
 from .feeds import complete_feed, draw_noise, make_noise, make_probes, random_obs, zeros_obs
-from .ort import INTRA_OP_THREADS, OrtRunner, ort_provider_for, ort_providers, ort_run, ort_session, ort_session_on
+from .ort import INTRA_OP_THREADS, OrtRunner, cann_available, ort_provider_for, ort_providers, ort_run, ort_session, ort_session_on
 from .torch_runners import ModuleRunner, ProgramRunner, module_runner, program_runner
 
 __all__ = ["Runner", "STOCHASTIC", "deterministic", "OrtRunner", "ModuleRunner", "ProgramRunner", "ort_session",
            "ort_session_on", "ort_run", "ort_providers", "ort_provider_for", "INTRA_OP_THREADS", "module_runner",
-           "program_runner", "make_probes", "make_noise", "draw_noise", "random_obs", "zeros_obs", "complete_feed"]
+           "program_runner", "cann_available", "make_probes", "make_noise", "draw_noise", "random_obs", "zeros_obs", "complete_feed"]

@@ -12,7 +12,7 @@ from ..errors import DeviceError, UnsupportedError
 from .base import Feed, RunnerBase
 
 INTRA_OP_THREADS = 1
-CPU_EP, CUDA_EP, CANN_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "CANNExecutionProvider"
+CPU_EP, CUDA_EP, CANN_EP = "CPUExecutionProvider", "CUDAExecutionProvider", C.CANN_EP
 
 
 def ort_session(model: Union[bytes, str, "object"], threads: int = INTRA_OP_THREADS, profile_prefix=None,
@@ -51,6 +51,11 @@ def ort_providers() -> List[str]:
     return list(ort.get_available_providers())
 
 
+def cann_available() -> bool:
+    """Whether this onnxruntime has the CANN execution provider (onnxruntime-cann: Ascend NPUs)."""
+    return CANN_EP in ort_providers()
+
+
 def ort_provider_for(device: str) -> Tuple[str, str]:
     """(execution provider, device label) for an ONNX run on ``device``."""
     base = device.split(":")[0]
@@ -76,31 +81,53 @@ def ort_provider_for(device: str) -> Tuple[str, str]:
     raise DeviceError(f"unknown device '{device}': choose cpu, cuda, npu or auto")
 
 
-def ort_session_on(model, device: str = "cpu"):
+def provider_options(provider: str, device: str, precision_mode: Optional[str] = None) -> Dict[str, str]:
+    """The options of ``provider`` for ``device``: ``device_id`` (from ``cuda:i`` / ``npu:i``, else 0);
+    CANN also ``precision_mode`` (default ``must_keep_origin_dtype``: the graph's float32, so the normalizer
+    is never cast to fp16 the way ATC's ``force_fp16`` default casts it)."""
+    index = device.split(":")[1] if ":" in device else "0"
+    try:
+        opts = {C.EP_OPT_DEVICE_ID: str(int(index))}
+    except ValueError:
+        raise DeviceError(f"device '{device[:40]}': the index after ':' is not a number") from None
+    if provider == CANN_EP:
+        mode = precision_mode or C.CANN_EP_PRECISION_DEFAULT
+        if mode not in C.PRECISION_MODES:
+            raise DeviceError(f"precision mode '{mode[:40]}' is not one of {', '.join(C.PRECISION_MODES)}")
+        opts[C.CANN_OPT_PRECISION] = mode
+    elif precision_mode is not None:
+        raise DeviceError(f"a precision mode is an option of the CANN execution provider (npu), not of {provider}")
+    return opts
+
+
+def ort_session_on(model, device: str = "cpu", precision_mode: Optional[str] = None):
     """(session, device label) on ``device``: the CPU (one intra-op thread, as the verifier) or an
-    accelerator provider, which must really start (no silent CPU fallback)."""
+    accelerator provider (``provider_options``), which must really start (no silent CPU fallback)."""
     provider, label = ort_provider_for(device)
     if provider == CPU_EP:
+        if precision_mode is not None:
+            raise DeviceError("a precision mode is an option of the CANN execution provider (npu), not of the CPU")
         return ort_session(model), label
-    opts = {"device_id": int(device.split(":")[1])} if ":" in device else {}
-    sess = ort_session(model, provider=provider, provider_options=opts)
+    sess = ort_session(model, provider=provider, provider_options=provider_options(provider, device, precision_mode))
     if provider not in sess.get_providers():
         raise DeviceError(f"onnxruntime could not start {provider} on {device}")
     return sess, label
 
 
 class OrtRunner(RunnerBase):
-    """An ONNX model (``ModelProto`` or bytes) in onnxruntime on ``device``. ``sample`` runs the same
+    """An ONNX model (``ModelProto`` or bytes) in onnxruntime on ``device`` (an NPU through the CANN
+    execution provider where onnxruntime-cann is installed, with ``precision_mode``). ``sample`` runs the same
     graph with its ``RandomNormalLike`` replaced by the input ``epsilon`` (exporters.with_noise_input),
     fed the CPU noise of ``seed`` or ``noise``; ``spec`` gives the noise's width. ``path``: the file the
     model came from, named in errors."""
 
     runtime = "onnxruntime"
 
-    def __init__(self, model, device: str = "cpu", spec=None, path=None):
+    def __init__(self, model, device: str = "cpu", spec=None, path=None, precision_mode: Optional[str] = None):
         t0 = time.perf_counter()
         self.model, self.spec, self.path = model, spec, path
-        self.session, self.device = ort_session_on(model, device)
+        self.precision_mode = precision_mode
+        self.session, self.device = ort_session_on(model, device, precision_mode)
         self._asked = device
         self._noise_session = None
         self.build_seconds = time.perf_counter() - t0
@@ -118,7 +145,7 @@ class OrtRunner(RunnerBase):
             raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
                                    "node has no seed (give the .pt or .safetensors)", self.path)
         if self._noise_session is None:
-            self._noise_session = ort_session_on(with_noise_input(self.model), self._asked)[0]
+            self._noise_session = ort_session_on(with_noise_input(self.model), self._asked, self.precision_mode)[0]
         if noise is None:
             noise = draw_noise(self.spec, next(iter(feed.values())).shape[0], seed)[0]
         out = ort_run(self._noise_session, dict(feed, **{C.NOISE_INPUT: noise}))

@@ -18,13 +18,14 @@ from ..converter import Checkpoint, Policy, atomic_write_bytes
 from ..converter.checkpoint import load_npz
 from ..errors import HuggyError
 from ..exporters.pt2 import EXPORT_GATE
-from ..exporters.devices import available_devices, device_name
+from ..exporters.devices import NPU, available_devices, device_name, resolve_device, torch_npu_installed
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record, official_divisors
 from ..exporters.onnx_export import model_bytes, with_noise_input
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
-from ..runtime import INTRA_OP_THREADS, module_runner, ort_run, ort_session, program_runner
+from ..runtime import (INTRA_OP_THREADS, OrtRunner, cann_available, module_runner, ort_run, ort_session,
+                       program_runner)
 from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
 from .bounds import Float64Policy, within_both
@@ -122,7 +123,7 @@ class Context:
 
     def __init__(self, policy: Policy, rebuilt: onnx.ModelProto, o: "VerifyOptions", data: Optional[bytes] = None):
         spec = policy.spec
-        self.policy, self.o = policy, o
+        self.policy, self.o, self.onnx_data = policy, o, data
         self.ours_sess = ort_session(data if data is not None else model_bytes(rebuilt))
         self.ours_noise = ort_session(model_bytes(with_noise_input(rebuilt))) if spec.continuous_size else None
         noise = make_noise(policy, o.rows, o.seed) if spec.continuous_size else None
@@ -344,7 +345,21 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
         c4.add(ort_check(f"onnxruntime: {ctx.ref_name} (cpu float32)", lambda f: ctx.run_ref(feed_name, f),
                          (lambda f: ctx.run_ref_noise(feed_name, f)) if ctx.run_ref_noise else None, "official"))
     cpu32 = None
+    cann = any(d.split(":")[0] == NPU for d in devices) and cann_available()
     for dev in devices:
+        on_npu = dev.split(":")[0] == NPU
+        if on_npu and cann:  # the same file on the NPU, through onnxruntime-cann (no ATC)
+            data = ctx.onnx_data if ctx.onnx_data is not None else model_bytes(ctx.rebuilt)
+
+            def run_cann(f, dev=dev):  # one call: a failure to start is this check's failure
+                return OrtRunner(data, dev, policy.spec, precision_mode=C.CANN_EP_PRECISION_DEFAULT).infer(f)
+
+            c4.add(ort_check(f"onnxruntime: rebuilt ONNX ({dev} {C.CANN_EP}, {C.CANN_OPT_PRECISION}="
+                             f"{C.CANN_EP_PRECISION_DEFAULT})", run_cann, None, "ours"))
+        if on_npu and not torch_npu_installed():
+            c4.add(Check(f"torch module {dev}", SKIP, "torch_npu is not installed: the NPU runs the ONNX through "
+                         "onnxruntime's CANN execution provider only"))
+            continue
         for dt in o.dtypes:
             try:
                 mod = build_module(policy, device=dev, dtype=dt)
@@ -386,6 +401,17 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
     return c4, cpu32
 
 
+def check_devices(names) -> None:
+    """Every device asked for (``--verify-device``) is here, else a ``DeviceError``, before anything is
+    written: torch's (``exporters.devices.resolve_device``), or for ``npu[:i]`` onnxruntime's CANN
+    execution provider where onnxruntime-cann is installed (the NPU then runs the ONNX only)."""
+    for name in names or ():
+        name = str(name)
+        if name.split(":")[0] == NPU and cann_available():
+            continue
+        resolve_device(name)
+
+
 def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Check:
     """Check 5: the float64 reference's fingerprint (the same on every host) and this host's runtimes,
     stable between two runs."""
@@ -405,7 +431,7 @@ def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Chec
                      f"({'stable' if a == b else 'CHANGED between runs'}), onnxruntime {ra[:12]}… "
                      f"({'stable' if ra == rb else 'CHANGED between runs'})"))
         for dev in devices:
-            if dev == "cpu":
+            if dev == "cpu" or (dev.split(":")[0] == NPU and not torch_npu_installed()):  # no torch module there
                 continue
             d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed)
             fps[steps][f"torch_{dev}_float32"] = d
