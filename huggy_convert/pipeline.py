@@ -324,7 +324,8 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     computes its own from the statistics) and the step."""
     import numpy as np
 
-    from .converter import load_policy, map_policy
+    from .converter import load_policy
+    from .converter.mapping import map_policy_as
     from .converter.policy_file import atomic_write_bytes
     from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 
@@ -349,7 +350,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     with locked(out, C.CHECKPOINT_FILE):
         atomic_write_bytes(path, data)
     back = load_checkpoint(path)  # this tool's own reader (weights_only=True), on the file written
-    mapped = map_policy(back.policy, back.path, obs_sizes=policy.spec.obs_sizes)
+    mapped = map_policy_as(back.policy, policy.spec, back.path)
     compared = list(policy.sources)
     equal = [c for c in compared if c in mapped.tensors
              and mapped.tensors[c].tobytes() == np.asarray(policy.tensors[c], np.float32).tobytes()

@@ -95,6 +95,12 @@ class Attention(Block):
         if transposed[0]:
             r.fields["attention_export"] = C.ATTENTION_EXPORT_030
 
+    def restore(self, policy, sd) -> None:
+        """The entity embeddings' alias keys: the same tensors again under ``network_body.processors.{i}``."""
+        for i, _ in entities(policy.spec):
+            for p in (LINEAR_WEIGHT, LINEAR_BIAS):
+                sd[C.ENTITY_ENCODER_ALIAS.format(i=i, p=p)] = sd[C.ENTITY_ENCODER.format(i=i, p=p)]
+
     @staticmethod
     def _max_entities(r: KeyRules, i: int, size: int) -> int:
         """No tensor holds how many entities observation ``i`` takes: the official ONNX's input does."""

@@ -28,6 +28,12 @@ class MappedPolicy:
     order: List[str] = field(default_factory=list)  # the keys taken or ignored by the blocks, in claim order
 
 
+def map_policy_as(sd: Dict[str, object], spec: PolicySpec, path=None) -> MappedPolicy:
+    """``map_policy`` of tensors that belong to ``spec`` (a canonical file's, or one written back), told
+    what the spec says and no tensor does: the vector observations' split and the inputs' shapes."""
+    return map_policy(sd, path, obs_sizes=[n for _, n in spec.vector_obs], inputs=spec.input_hints())
+
+
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
                inputs: Optional[Dict[int, "blocks.InputHint"]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
