@@ -329,3 +329,16 @@ def test_mlagents_initializes_from_the_written_checkpoint(fx, tmp_path):
     r = json.loads(p.stdout.strip().splitlines()[-1])[0]
     assert r["state_dict_keys_equal"] and r["state_dict_mismatches"] == [] and r["init_path_bitwise"]
     assert all(r["outputs"][o]["bitwise_vs_original_initialized"] for o in job["deterministic"])
+
+
+def test_atc_keeps_the_masking_float32(fx, tmp_path):
+    """Ascend ATC's faster mode casts to fp16 what --keep_dtype does not list: -1e6 is -inf in fp16 (an
+    all-padded set would give 0/0), so the masking and softmax are listed beside the normalizer."""
+    from huggy_convert.exporters.atc import atc_plan
+
+    pol = fx["attention"][3]
+    keep = atc_plan(build_onnx(pol, 11), tmp_path / "a.onnx", pol.spec)["keep_dtype_nodes"]
+    att = C.SCOPE_ATTENTION
+    assert {f"{att}/Mul_1", f"{att}/Add_1", f"{att}/Softmax", f"{C.SCOPE_OBS_ENCODER}/Less"} <= set(keep)
+    assert any(n.startswith(C.SCOPE_NORMALIZER.format(i=2)) for n in keep)
+    assert not any(n.endswith("/MatMul") or "/fc_" in n for n in keep)  # the GEMMs run in fp16

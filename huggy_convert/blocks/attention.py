@@ -158,6 +158,12 @@ class Attention(Block):
                  "width": d, "parameters": self.parameter_count(spec)}]
 
     # --- ONNX --------------------------------------------------------------------------------
+    def onnx_float32_nodes(self, spec):
+        """The padding mask (squares summed, compared with 0.01), the LayerNorms' statistics, the masked
+        logits (-1e6 is -inf in fp16: an all-padded set would be 0/0), the softmax and the pooling's sums."""
+        return [(C.SCOPE_OBS_ENCODER + "/", ("Pow", "ReduceSum", "Less", "ReduceMean", "Sqrt", "Softmax")),
+                (C.SCOPE_ATTENTION + "/", ("Sub", "Mul", "Div", "Add"))]
+
     def onnx_append(self, f: OnnxFlow) -> Optional[str]:
         """ML-Agents' node sequence (opset 9, torch's legacy exporter): the masks, the self embedding,
         each entity observation's embedding, the residual self-attention, the pooling."""

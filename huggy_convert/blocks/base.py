@@ -142,6 +142,11 @@ class Block:
         return []
 
     # --- ONNX (exporters.onnx_export) ------------------------------------------------------
+    def onnx_float32_nodes(self, spec) -> List[Tuple[str, Tuple[str, ...]]]:
+        """(node scope prefix, op types) of the nodes that must stay float32 when a compiler casts the
+        rest to fp16 (Ascend ATC's ``--keep_dtype``): the normalizer's, the attention's masking."""
+        return []
+
     def onnx_observe(self, f: "OnnxFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 

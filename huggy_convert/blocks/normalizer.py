@@ -102,6 +102,9 @@ class Normalizer(Block):
         return [{"inputs": [C.OBS_INPUT.format(i=i)], "kind": "vector", "shape": [n], "encoder": how, "width": n,
                  "parameters": 0} for i, n in spec.vector_obs]
 
+    def onnx_float32_nodes(self, spec):
+        return [(C.SCOPE_NORMALIZER.format(i=i) + "/", C.KEEP_DTYPE_OPS) for i, _ in spec.vector_obs] if spec.normalize else []
+
     def onnx_observe(self, f: OnnxFlow) -> None:
         g, spec = f.g, f.spec
         for i, _ in spec.vector_obs:
