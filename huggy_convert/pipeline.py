@@ -18,7 +18,7 @@ from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES,
                         locked, make_dirs)
 from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint
 from .converter.reference import describe as describe_divisor
-from .converter.reference import divisor_record
+from .converter.reference import divisor_record, goal_obs_from_reference
 from .errors import InputError
 from .exporters.pt2 import ProgramWriter
 from .exporters.registry import EXPORTERS
@@ -173,7 +173,8 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
             hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
-                                  reference_sha256=ref_sha, hints_from=hints_from)
+                                  reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official),
+                                  hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 

@@ -55,10 +55,11 @@ from .attention import Attention
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
+from .goal import Goal
 from .memory import Memory
 from .normalizer import Normalizer
 
-REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Attention(), Body(), Continuous(), Discrete(), Memory())
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Attention(), Body(), Goal(), Continuous(), Discrete(), Memory())
 
 
 def in_stage(stage: str, spec=None) -> List[Block]:

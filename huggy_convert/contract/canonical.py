@@ -15,6 +15,14 @@ def c_body(layer: int, p: str) -> str:
     return f"body.{layer}.{p}"
 
 
+def c_hyper(k: int, p: str) -> str:
+    """The goal-conditioned layer's hypernetwork: its Linear ``k`` (0, 2, 5 as ML-Agents numbers them)."""
+    return f"body.hyper.{k}.{p}"
+
+
+C_HYPER_BIAS = "body.hyper.bias"  # the generated layer's own bias (the hypernetwork makes only its weight)
+
+
 def c_lstm(p: str) -> str:
     return f"lstm.{p}"
 

@@ -60,6 +60,14 @@ NORM_STEPS_DTYPE = "int64"  # register_buffer("normalization_steps", torch.tenso
 GLOBAL_STEP_DTYPE = "int64"  # GlobalSteps: nn.Parameter(torch.Tensor([0]).to(torch.int64)), shape [1]
 
 BODY_LAYER = "network_body._body_endoder.seq_layers.{j}.{p}"  # (sic: endoder); j = 2*layer
+# goal_conditioning_type: hyper (ConditionalEncoder): regular layers are linear_layers under
+# layers.{j}; the last one (num_conditional_layers = 1) is a HyperNetwork: its own bias and the
+# hypernet Sequential (Linear 0, Swish 1, Linear 2, Swish 3, LayerNorm 4, Linear 5) of num_layers = 2
+GOAL_NONE, GOAL_HYPER = "none", "hyper"  # ConditioningType (goal_conditioning_type)
+HYPER_LAYER = "network_body._body_endoder.layers.{j}.{p}"  # j = 2*layer (Swish between)
+HYPER_NET = "network_body._body_endoder.layers.{j}.hypernet.{k}.{p}"  # k in HYPER_NET_LINEARS
+HYPER_NET_LINEARS = (0, 2, 5)
+LAYER_NORM_EPS = 1e-5  # layers.LayerNorm: (x - mean) / sqrt(var + 1e-5)
 LSTM_KEY = "network_body.lstm.lstm.{p}_l0"  # weight_ih, weight_hh, bias_ih, bias_hh
 LSTM_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 LSTM_W_IH, LSTM_W_HH, LSTM_B_IH, LSTM_B_HH = LSTM_PARAMS
@@ -85,13 +93,14 @@ IGNORED_PATTERNS = (
 # Families we recognise but do not support yet: (pattern, what to say).
 UNSUPPORTED_PATTERNS = (
     (re.compile(r"\.conv_layers\.|\.processors\.\d+\.(conv|dense|final_flat)|visual"), "visual observations (CNN encoders)"),
-    (re.compile(r"_body_endoder\.(conditional|hyper)|hypernet"), "goal-conditioned (hypernetwork) bodies"),
 )
 
 # Compiled patterns of the keys above (converter.mapping accounts for every key with them).
 NORM_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.normalizer\.(\w+)$")
 NORM_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.normalizer\.(\w+)$")
 BODY_RE = re.compile(r"^network_body\._body_endoder\.seq_layers\.(\d+)\.(weight|bias)$")
+HYPER_RE = re.compile(r"^network_body\._body_endoder\.layers\.(\d+)\.(weight|bias|hypernet\.\d+\.(?:weight|bias))$")
+HYPER_GOAL_WEIGHT_RE = re.compile(r"^network_body\._body_endoder\.layers\.\d+\.hypernet\.0\.weight$")  # takes the goal
 BRANCH_RE = re.compile(r"^action_model\._discrete_distribution\.branches\.(\d+)\.(weight|bias)$")
 ENTITY_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.self_ent_encoder\.(.+)$")
 ENTITY_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.self_ent_encoder\.(.+)$")

@@ -47,6 +47,9 @@ def opset_targets(opset: int):
 SCOPE_NORMALIZER = "/network_body/observation_encoder/processors.{i}/normalizer"
 SCOPE_OBS_ENCODER = "/network_body/observation_encoder"
 SCOPE_BODY_LAYER = "/network_body/_body_endoder/seq_layers/seq_layers.{j}"
+SCOPE_HYPER_LAYER = "/network_body/_body_endoder/layers.{j}"  # goal-conditioned body (ConditionalEncoder)
+SCOPE_HYPER_NET = "/network_body/_body_endoder/layers.{j}/hypernet/hypernet.{k}"
+SCOPE_HYPER_MARK = "/hypernet/"  # in the name of every node of a hypernetwork (goal-conditioned body)
 SCOPE_BODY_MARK = "_body_endoder"  # in the name of every body Gemm
 SCOPE_NETWORK_BODY = "/network_body"
 SCOPE_LSTM = "/network_body/lstm"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -281,3 +281,30 @@ def read_onnx(path, what: str = "ONNX model"):
             raise InputError(f"input {clip(repr(name), 40)} has the dims {clip(str(dims), 60)}: an observation "
                              f"width is 1..{MAX_WIDTH}", path)
     return m, data
+
+
+def goal_obs_from_reference(model) -> Optional[List[int]]:
+    """Which observations a hypernetwork's goal is, from the official ONNX: the inputs that feed the
+    hypernetwork's first Gemm (through the goal Concat and their normalizers), in order; None
+    without a reference or a hypernetwork. The checkpoint cannot say (ObservationType is the
+    environment's); ``blocks.goal`` cross-checks it with the goal's width."""
+    if model is None:
+        return None
+    gemm = next((n for n in model.graph.node if n.op_type == "Gemm" and len(n.input) > 1
+                 and C.HYPER_GOAL_WEIGHT_RE.match(n.input[1])), None)
+    if gemm is None:
+        return None
+    producer = {o: n for n in model.graph.node for o in n.output}
+    obs = {C.OBS_INPUT.format(i=i): i for i in range(len(model.graph.input))}
+    found: List[int] = []
+    stack, seen = [gemm.input[0]], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in obs:
+            found.append(obs[name])
+        elif name in producer:
+            stack.extend(reversed(producer[name].input))
+    return found or None

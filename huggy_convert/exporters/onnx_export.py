@@ -76,6 +76,11 @@ class _Graph:
             return self.node("ReduceSum", [x], scope, axes=[axis], keepdims=keepdims)
         return self.node("ReduceSum", [x, self.const([axis], scope, np.int64)], scope, keepdims=keepdims)
 
+    def unsqueeze(self, x: str, axis: int, scope: str) -> str:
+        if self.opset < 13:
+            return self.node("Unsqueeze", [x], scope, axes=[axis])
+        return self.node("Unsqueeze", [x, self.const([axis], scope, np.int64)], scope)
+
     def squeeze(self, x: str, axis: int, scope: str) -> str:
         if self.opset < 13:
             return self.node("Squeeze", [x], scope, axes=[axis])

@@ -21,7 +21,7 @@ from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..converter.spec import OBS_ENTITY, OBS_VECTOR
 from ..converter.checkpoint import load_npz, read_input_file
-from ..converter.reference import read_onnx
+from ..converter.reference import goal_obs_from_reference, read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
@@ -150,7 +150,9 @@ class OnnxView:
         mem = int(dims[C.RECURRENT_IN][2]) if C.RECURRENT_IN in dims and len(dims[C.RECURRENT_IN]) > 2 else 0
         # by the node's scope (torch 2.x) or its weight's name (torch 1.x names nodes Gemm_<n>)
         body = [n for n in self.model.graph.node if n.op_type == "Gemm"
-                and (C.SCOPE_BODY_MARK in n.name or C.SCOPE_BODY_MARK in self.alias.get(n.input[1], n.input[1]))]
+                and (C.SCOPE_BODY_MARK in n.name or C.SCOPE_BODY_MARK in self.alias.get(n.input[1], n.input[1]))
+                and C.SCOPE_HYPER_MARK not in n.name]
+        goal = goal_obs_from_reference(self.model)  # a hypernetwork generates one more layer
         hidden = 0
         if body:
             w = self.tensor(body[0].input[1])
@@ -158,11 +160,12 @@ class OnnxView:
         sac = any(n.op_type == "Tanh" and C.OUT_CONT in n.output for n in self.model.graph.node)
         normalize = bool(obs) and self.obs_scale(0)[0] is not None
         return PolicySpec(algorithm="sac" if sac else "ppo", obs_sizes=tuple(obs), normalize=normalize,
-                          hidden_units=hidden, num_layers=len(body), continuous_size=cont,
+                          hidden_units=hidden, num_layers=len(body) + bool(goal), continuous_size=cont,
                           discrete_branches=branches, memory_size=mem,
                           obs_shapes=tuple(shapes) if any(len(s) != 1 for s in shapes) else (),
                           attention_export=C.ATTENTION_EXPORT_030 if legacy else C.ATTENTION_EXPORT_110,
-                          notes=("read from an ONNX graph",))
+                          notes=("read from an ONNX graph",),
+                          **({"goal_conditioning": C.GOAL_HYPER, "goal_obs": tuple(goal)} if goal else {}))
 
     def parameter_counts(self) -> Tuple[int, int]:
         """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/MatMul/Add initializers
@@ -180,11 +183,10 @@ class OnnxView:
                 after_matmul = any(getattr(self.producer.get(x), "op_type", "") == "MatMul" for x in n.input)
                 for x in n.input:
                     t = self.tensor(x) if (self.alias.get(x, x) in self.inits) else None
-                    if t is not None:
-                        if after_matmul:
-                            lin += int(t.size)
-                        else:
-                            sig += int(t.size)
+                    if t is not None and (after_matmul or C.SCOPE_BODY_MARK in n.name):
+                        lin += int(t.size)  # a Linear's bias on a 3-D input; a generated layer's (goal)
+                    elif t is not None:
+                        sig += int(t.size)
         return lin, lin + sig
 
 
