@@ -71,6 +71,8 @@ class ConvertResult:
             "divisor_decision": decision if spec.normalize else None,
             "seconds": round(self.seconds, 3),
         }
+        if spec.obs_shapes:  # observations that are not vectors: every observation's shape
+            d["spec"]["obs_shapes"] = [list(s) for s in spec.obs_shapes]
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}
@@ -94,6 +96,18 @@ def default_reference(ckpt_path: Path) -> Optional[Path]:
         return p if p.is_file() else None
     except OSError:  # e.g. a name too long for a sibling: the output names are checked later
         return None
+
+
+def step_onnx(ckpt: Checkpoint) -> Optional[Path]:
+    """For ``checkpoint.pt`` (the newest step saved a second time, no ONNX beside it under its name):
+    the ONNX ML-Agents wrote beside the step file of its global step, ``<Behavior>-<step>.onnx``."""
+    if ckpt.path.name != C.CHECKPOINT_FILE or ckpt.global_step is None:
+        return None
+    try:
+        found = [p for p in ckpt.path.parent.glob(f"*-{int(ckpt.global_step)}{SUFFIXES[ONNX]}") if p.is_file()]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
@@ -152,9 +166,16 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
                 raise
             reference = None
     sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
+    hints_from = None
+    if official is None and step_onnx(ckpt) is not None:  # checkpoint.pt: what no tensor says, from its step's ONNX
+        try:
+            hints_from = read_reference(step_onnx(ckpt))[0]
+        except InputError:
+            hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
-                                  reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official))
+                                  reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official),
+                                  hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
@@ -316,7 +337,8 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     computes its own from the statistics) and the step."""
     import numpy as np
 
-    from .converter import load_policy, map_policy
+    from .converter import load_policy
+    from .converter.mapping import map_policy_as
     from .converter.policy_file import atomic_write_bytes
     from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 
@@ -341,7 +363,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     with locked(out, C.CHECKPOINT_FILE):
         atomic_write_bytes(path, data)
     back = load_checkpoint(path)  # this tool's own reader (weights_only=True), on the file written
-    mapped = map_policy(back.policy, back.path, obs_sizes=policy.spec.obs_sizes)
+    mapped = map_policy_as(back.policy, policy.spec, back.path)
     compared = list(policy.sources)
     equal = [c for c in compared if c in mapped.tensors
              and mapped.tensors[c].tobytes() == np.asarray(policy.tensors[c], np.float32).tobytes()

@@ -38,6 +38,20 @@ def c_branch(b: int, p: str) -> str:
     return f"discrete.{b}.{p}"
 
 
+def c_entity(i: int, p: str) -> str:
+    """Observation ``i``'s entity embedding (ML-Agents' ``self_ent_encoder``: one Linear + Swish)."""
+    return f"obs.{i}.entity_embedding.{p}"
+
+
+C_ATT_SELF_W = "attention.self_encoder.weight"  # ML-Agents' x_self_encoder (Linear + Swish)
+C_ATT_SELF_B = "attention.self_encoder.bias"
+
+
+def c_attention(n: str, p: str) -> str:
+    """The residual self-attention's Linear ``n`` (q, k, v, out)."""
+    return f"attention.{n}.{p}"
+
+
 def c_const(key: str) -> str:
     return f"const.{key}"
 

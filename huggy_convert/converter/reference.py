@@ -16,6 +16,7 @@ The decision is recorded in the policy's metadata (``divisor``), and from there 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
@@ -109,6 +110,26 @@ def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
 
 def _fixed_dims(dims) -> Tuple:
     return tuple(d if isinstance(d, int) else None for d in dims)[1:]
+
+
+def input_hints(official) -> Dict[int, "InputHint"]:
+    """Observation index -> what the official ONNX says of its input ``obs_<index>``
+    (``blocks.InputHint``): the dims without the batch axis (None where not fixed), and whether a
+    Transpose swapping its last two axes reads it (ML-Agents 0.30's entity inputs); empty without an
+    official file."""
+    from ..blocks import InputHint
+
+    if official is None:
+        return {}
+    swapped = {n.input[0] for n in official.graph.node if n.op_type == "Transpose" and n.input
+               and [list(a.ints) for a in n.attribute if a.name == "perm"] == [[0, 2, 1]]}
+    out = {}
+    for i in official.graph.input:
+        m = re.fullmatch(C.OBS_INPUT.format(i=r"(\d+)"), i.name)
+        if m:
+            dims = _fixed_dims([d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
+            out[int(m.group(1))] = InputHint(dims, i.name in swapped)
+    return out
 
 
 def check_same_policy(spec, official, reference_name: Optional[str] = None) -> None:

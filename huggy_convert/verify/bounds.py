@@ -186,6 +186,13 @@ def matmul(a: Bounded, b: Bounded) -> Bounded:
     return Bounded(v, np.sqrt(sq) + accumulation(k) * A * (1 + U32))
 
 
+def minus_plus_one(x: Bounded) -> Bounded:
+    """``(x - 1) + 1`` in float32 (ML-Agents' MultiHeadAttention does it to the keys, a workaround for
+    Sentis): the same value, two roundings, ``u |x - 1|`` then ``u |x|``, each on the perturbed value."""
+    e1 = x.err + U32 * (np.abs(x.v - 1.0) + x.err)
+    return Bounded(x.v, e1 + U32 * (np.abs(x.v) + e1))
+
+
 def layer_norm(x: Bounded, eps: float) -> Bounded:
     """``(x - mean) / sqrt(mean((x - mean)^2) + eps)`` over the last axis of width ``d`` (ML-Agents'
     parameter-free LayerNorm; ``eps`` the float32 constant the runtimes add), computed in two passes.
@@ -232,6 +239,54 @@ def layer_norm(x: Bounded, eps: float) -> Bounded:
     return Bounded(y, near + (np.abs(y) + near) * (U32 + eta) / (1 - eta))
 
 
+def softmax(z: Bounded, axis: int = -1) -> Bounded:
+    """``exp(z - max) / sum(exp(z - max))`` along ``axis`` (ONNX Softmax, torch.softmax).
+
+    Derivation. Inherited: with ``|dz_i| <= e_i`` and ``E = max_j e_j`` over the row,
+    ``p'_i / p_i = exp(dz_i) / sum_j p_j exp(dz_j)`` lies in ``[exp(-e_i - E), exp(e_i + E)]``, so
+    ``|p'_i - p_i| <= p_i (exp(e_i + E) - 1)``, exactly. Own roundings, relative to ``p'_i``: the
+    subtraction of the max (``u |z_i - max|``, which the exp turns into a relative
+    ``exp(u |z_i - max|) - 1``) and the exp kernel (``E_EXP``) give each term ``alpha_i``; the sum of
+    positive terms ``max alpha + accumulation(n)``, plus what a term the exp flushes to zero leaves
+    (``n 2^-126`` against a sum >= 1); the final division (or multiplication by the reciprocal,
+    ``2 u``). A term whose exact value is below ``2^-126`` stays below it (relative bounds are
+    meaningless there): its bound is ``2^-126`` plus the inherited part."""
+    v = z.v
+    m = v.max(axis=axis, keepdims=True)
+    ex = np.exp(v - m)
+    p = ex / ex.sum(axis=axis, keepdims=True)
+    n = v.shape[axis]
+    tiny = 2.0 ** -126
+    E = z.err.max(axis=axis, keepdims=True)
+    grow = np.expm1(z.err + E)
+    dist = np.abs(v - m) + z.err + E
+    with np.errstate(over="ignore"):
+        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(U32 * dist) * (1 + E_EXP) + E_EXP, 0.0)
+    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
+    own = (1 + alpha) * (1 + 2 * U32) / (1 - a_sum) - 1
+    err = p * grow + p * (1 + grow) * own
+    return Bounded(p, np.where(alpha > 0, err, p * grow + tiny))
+
+
+def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
+    """``sum_n keep_n y_n / (sum_n keep_n + eps)`` over axis 1 of ``y`` [B, N, d] (ML-Agents'
+    attention pooling; ``keep`` [B, N] exactly 0 or 1, ``eps`` its float32 constant).
+
+    Derivation. Multiplying by 0 or 1 is exact, so the masked terms are exact zeros; the numerator
+    inherits ``sum keep e`` (linearly: the rows' errors share the attention's common causes) and its
+    own ``accumulation(N) sum keep (|y| + e)``. The count is an exact integer; ``+ eps`` rounds once
+    (``u``). The quotient of two inexact values: ``(e_num + |q| e_den) / (den - e_den)``, plus its own
+    rounding ``u |q|``. An all-padded set gives ``0 / eps = 0`` exactly, and its bound is 0."""
+    k = keep[:, :, None].astype(np.float64)
+    num = (y.v * k).sum(axis=1)
+    n = y.v.shape[1]
+    e_num = (y.err * k).sum(axis=1) + accumulation(n) * ((np.abs(y.v) + y.err) * k).sum(axis=1)
+    den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
+    e_den = U32 * den
+    q = num / den
+    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + U32 * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
+
+
 def concat(parts) -> Bounded:
     return Bounded(np.concatenate([p.v for p in parts], axis=1), np.concatenate([p.err for p in parts], axis=1))
 
@@ -258,9 +313,10 @@ class Float64Policy:
     def __init__(self, policy):
         spec = policy.spec
         self.spec = spec
-        self._n_obs = sum(p.kind == blocks.OBSERVATION for p in spec.io_signature().inputs)
+        self._own_obs, appending = blocks.encoding_order(spec)
         prepared = [(b, b.reference_init(policy)) for b in blocks.active(spec)]
         self._observe = [(b, w) for b, w in prepared if b.stage == blocks.OBSERVE and b.has("reference_observe")]
+        self._append = [(b, w) for b, w in prepared if b in appending]
         self._encode = [(b, w) for b, w in prepared if b.stage == blocks.ENCODE and b.has("reference_encode")]
         self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
@@ -277,8 +333,11 @@ class Float64Policy:
         r = blocks.ReferenceFlow(feed, bounds, noise)
         for b, w in self._observe:
             b.reference_observe(r, w)
-        parts = [r.encoded[i] for i in range(self._n_obs)]
-        r.h = parts[0] if len(parts) == 1 else concat(parts)
+        parts = [r.encoded[i] for i in self._own_obs]  # observation order, then the appended encodings
+        r.h = (parts[0] if len(parts) == 1 else concat(parts)) if parts else None
+        if self._append:
+            appended = [b.reference_append(r, w) for b, w in self._append]
+            r.h = concat(([r.h] if r.h is not None else []) + appended)
         for b, w in self._encode:
             b.reference_encode(r, w)
         for b, w in self._outputs:
