@@ -3,8 +3,10 @@
 ``huggy-convert results/<run-id>/ out/`` (or a behavior folder, or any folder holding ``.pt`` files).
 
 Finding the checkpoints
-    ``rundir.discover``: ``run_logs/training_status.json`` (steps, rewards, creation times), else the
-    ``<Behavior>-<step>.pt`` file names; a listed checkpoint whose file is gone is ``missing`` (a failure).
+    ``rundir.discover``: every run directory under SOURCE (a ``results/<run-id>/``, or the Hub clones
+    ``downloads/<repo>/`` side by side), each with its own ``run_logs/training_status.json`` (steps,
+    rewards, creation times), else the ``<Behavior>-<step>.pt`` file names; a listed checkpoint whose
+    file is gone is ``missing`` (a failure).
 
 ``checkpoint.pt``
     ML-Agents saves the newest step twice: ``<Behavior>-<step>.pt`` and ``checkpoint.pt``. The latter
@@ -12,12 +14,20 @@ Finding the checkpoints
     its global step, else of the behavior's newest step) and recorded as ``same_as`` that entry,
     not converted twice. If it matches none it is converted as ``<Behavior>-checkpoint``.
 
-Output layout (flat, so ``huggy-convert verify out/`` sees every policy)
-    ``out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}`` where ``<stem>`` is the
+The deployed ``<Behavior>.onnx``
+    The run-root copy of the final export (``huggy_convert.deployed``): the manifest's ``deployed``
+    entries say which checkpoint it is the export of (the same bytes as its official ONNX, else the
+    same content by checks 2-3) and its verdict; one that equals none fails the batch (exit 1).
+
+Output layout (``huggy-convert verify out/`` sees every policy, in OUT and the folders below it)
+    ``out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}`` for one run, where ``<stem>`` is the
     checkpoint's file stem (``Huggy-99972``: ML-Agents already prefixes steps with the behavior,
-    so several behaviors of one run stay apart). Two sources with the same stem (loose files in
-    different folders) both take their relative path, ``/`` replaced by ``-``. Plus
-    ``out/manifest.json`` and ``out/manifest.csv``.
+    so several behaviors of one run stay apart). Two sources of one run with the same stem (loose
+    files in different folders) both take their path below the run, ``/`` replaced by ``-``. With
+    several runs under SOURCE, each run's files go to ``out/<the run's path below SOURCE>/<stem>.*``
+    (``out/ppo-Huggy/Huggy-245828.onnx``); the manifest's ``stem`` is that path without the suffix
+    and ``source`` the checkpoint's path below SOURCE. Plus ``out/manifest.json`` (its ``runs``: each
+    run found, its status file and output folder) and ``out/manifest.csv``.
 
 Verification profile
     Each checkpoint is verified against its own ``<stem>.onnx`` when ML-Agents wrote one. The newest
@@ -85,6 +95,9 @@ from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.checkpoint import read_input_file
 from .converter.reference import divisor_record
+from .deployed import FAILING as DEPLOYED_FAILING
+from .deployed import check_deployed
+from .deployed import describe as describe_deployed
 from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
 from .exporters.pt2 import EXPORT_GATE, ProgramWriter
 from .host import host_info
@@ -217,7 +230,7 @@ class _Context:
 def _base_entry(item: Item) -> dict:
     return {"source": item.rel, "behavior": item.behavior, "step": item.step, "reward": item.reward,
             C.STATUS_CREATION_TIME: item.creation_time, f"{C.STATUS_CREATION_TIME}_utc": _iso(item.creation_time),
-            "listed": item.listed, "kind": item.kind, "stem": item.stem,
+            "listed": item.listed, "kind": item.kind, "stem": item.out_stem,
             "profile": ("full" if item.newest else "batch") if item.kind != "checkpoint" else None,
             "tool_version": __version__}
 
@@ -236,7 +249,7 @@ def _outputs_intact(out: Path, prev: dict) -> bool:
 def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool:
     if ctx.force or not prev or prev.get("status") != OK:
         return False
-    if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.stem:
+    if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.out_stem:
         return False
     if item.newest and ctx.options.verify and prev.get("profile") != "full":
         return False
@@ -271,7 +284,7 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
-        res = convert_one(item.path, ctx.out, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
+        res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
                           profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
                           fsync=False, suggest_reference=False)
         spec = res.conversion.policy.spec
@@ -279,7 +292,8 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
         entry["reference"] = res.reference.name if res.reference else None
         entry["divisor"] = dict(decision, summary=describe_divisor(decision))
-        entry["outputs"] = res.outputs()
+        entry["outputs"] = {k: dict(a, file=f"{item.sub}/{a['file']}" if item.sub else a["file"])
+                            for k, a in res.outputs().items()}  # paths below OUT
         entry["status"] = OK
         rep = res.report
         if rep is not None:
@@ -318,9 +332,9 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
         if (not ctx.force and prev and prev.get("status") == SAME_AS and prev.get("source_sha256") == sha
                 and prev.get("tool_version") == __version__):
             for cand, cand_entry in candidates:
-                if (cand.stem == prev.get("same_as") and cand_entry.get("status") == OK
+                if (cand.out_stem == prev.get("same_as") and cand_entry.get("status") == OK
                         and cand_entry.get("source_sha256") == prev.get("same_as_sha256")):
-                    entry.update(status=SAME_AS, run=SKIPPED, stem=None, same_as=cand.stem, same_as_source=cand.rel,
+                    entry.update(status=SAME_AS, run=SKIPPED, stem=None, same_as=cand.out_stem, same_as_source=cand.rel,
                                  same_as_sha256=cand_entry["source_sha256"], step=cand.step, reward=cand.reward,
                                  seconds=round(time.perf_counter() - t0, 3))
                     return entry
@@ -334,12 +348,12 @@ def check_alias(item: Item, ctx: _Context, candidates: List[Tuple[Item, dict]]) 
             if cand_entry.get("status") not in (OK, VERIFY_FAILED):
                 continue
             if _same_policy(ckpt.policy, _policy_state(cand.path)):
-                entry.update(status=SAME_AS, run=CHECKED, stem=None, same_as=cand.stem, same_as_source=cand.rel,
+                entry.update(status=SAME_AS, run=CHECKED, stem=None, same_as=cand.out_stem, same_as_source=cand.rel,
                              same_as_sha256=cand_entry.get("source_sha256"), step=cand.step,
                              reward=cand.reward if item.reward is None else item.reward,
                              seconds=round(time.perf_counter() - t0, 3))
                 if cand_entry.get("status") != OK:
-                    entry["error"] = f"same as {cand.stem}, which failed verification"
+                    entry["error"] = f"same as {cand.out_stem}, which failed verification"
                 return entry
         entry["profile"] = "batch"
         res = convert_item(item, ctx, ckpt=ckpt)
@@ -391,16 +405,22 @@ def _csv_bytes(entries: List[dict]) -> bytes:
     return buf.getvalue().encode()
 
 
-def _summary(entries: List[dict], seconds: float, jobs: int) -> dict:
+def _best(entries: List[dict]) -> Optional[dict]:
+    """The converted entry with the highest reward (the later step on a tie)."""
+    rewarded = [e for e in entries if e.get("status") == OK and isinstance(e.get("reward"), (int, float))]
+    return max(rewarded, key=lambda e: (e["reward"], e.get("step") or -1), default=None)
+
+
+def _summary(entries: List[dict], seconds: float, jobs: int, deployed: List[dict] = ()) -> dict:
     n = len(entries)
     converted = sum(1 for e in entries if e.get("run") == CONVERTED)
     skipped = sum(1 for e in entries if e.get("run") == SKIPPED)
     failed = [e for e in entries if e.get("status") in (ERROR, MISSING, VERIFY_FAILED)]
     same = sum(1 for e in entries if e.get("status") == SAME_AS)
     have = sum(1 for e in entries if e.get("status") in (OK, VERIFY_FAILED))
-    rewarded = [e for e in entries if e.get("status") == OK and isinstance(e.get("reward"), (int, float))]
-    best = max(rewarded, key=lambda e: (e["reward"], e.get("step") or -1), default=None)
-    if not failed:
+    best = _best(entries)
+    deployed_failed = [d for d in deployed if d.get("status") in DEPLOYED_FAILING]
+    if not failed and not deployed_failed:
         code = EXIT_OK
     elif have == 0:
         code = EXIT_BAD_INPUT
@@ -411,6 +431,8 @@ def _summary(entries: List[dict], seconds: float, jobs: int) -> dict:
             "best_reward": best["reward"] if best else None, "best_step": best.get("step") if best else None,
             "best_stem": best["stem"] if best else None,
             "failures": [{"source": e["source"], "error": e.get("error")} for e in failed],
+            "deployed": [{k: d.get(k) for k in ("source", "status", "same_as", "same_as_source", "equal_by", "error")}
+                         for d in deployed],
             "seconds": round(seconds, 3), "ms_per_checkpoint": round(1000 * seconds / n, 1) if n else None,
             "jobs": jobs, "tool_version": __version__, "ok": code == EXIT_OK, "exit_code": code}
 
@@ -420,6 +442,7 @@ class Manifest:
         self.out = out
         self.header = header
         self.entries: Dict[str, dict] = {}
+        self.deployed: List[dict] = []  # the run-root <Behavior>.onnx files (huggy_convert.deployed)
         self.order: Dict[str, int] = {}
         self._last = 0.0
 
@@ -429,6 +452,7 @@ class Manifest:
     def document(self, summary: Optional[dict]) -> dict:
         doc = dict(self.header)
         doc["checkpoints"] = self.sorted_entries()
+        doc["deployed"] = self.deployed
         doc["summary"] = summary
         return doc
 
@@ -506,13 +530,14 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "
                          "against its own <stem>.onnx", o.reference)
     check_out(out)
-    root, status, items, warns = discover(source, out)
+    found = discover(source, out)
+    items = found.items
     if not items:
         raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     outr = out.resolve()
-    clash = next((it for it in items if it.path.parent.resolve() == outr), None)
+    clash = next((it for it in items if it.path.parent.resolve() == (outr / it.sub).resolve()), None)
     if clash is not None:
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
@@ -522,23 +547,37 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         check_devices(getattr(o.verify_options, "devices", None))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
-        return _run_batch(source, out, o, root, status, items, warns, jobs, force, as_json, t0)
+        return _run_batch(source, out, o, found, jobs, force, as_json, t0)
 
 
-def _run_batch(source: Path, out: Path, o: ConvertOptions, root, status, items, warns, jobs, force: bool,
-               as_json: bool, t0: float) -> int:
+def _runs_record(found, out: Path) -> List[dict]:
+    """Each run directory the batch found: where it is, how its checkpoints were found, where its outputs go."""
+    return [{"dir": (r.root.relative_to(found.root).as_posix() if r.root != found.root else ".")
+             if found.root in (r.root, *r.root.parents) else str(r.root),
+             "out": r.sub or ".", STATUS_KEY: str(r.status) if r.status else None, "found_by": r.found_by,
+             "checkpoints": r.checkpoints, "deployed": [d.rel for d in r.deployed]} for r in found.runs]
+
+
+def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, as_json: bool, t0: float) -> int:
     import torch
 
-    clean_stale_temporaries(out, [MANIFEST_JSON, MANIFEST_CSV] + [f"{it.stem}{suffix}" for it in items if it.stem
-                                                                    for suffix in SUFFIXES.values()])
+    root, status, items, warns = found.root, found.status, found.items, found.warnings
+    several = len(found.runs) > 1
+    for sub in sorted({""} | {it.sub for it in items}):
+        make_dirs(out / sub)
+        clean_stale_temporaries(out / sub, ([MANIFEST_JSON, MANIFEST_CSV] if not sub else []) +
+                                [f"{it.stem}{suffix}" for it in items if it.stem and it.sub == sub
+                                 for suffix in SUFFIXES.values()])
     jobs = max(1, int(jobs or _default_jobs()))
     light, full = batch_profiles(o)
     header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
               "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
               "host": host_info(),
               "source": str(source), "run_dir": str(root), STATUS_KEY: str(status) if status else None,
-              "found_by": C.STATUS_FILE if status else "file names",
-              "layout": "out/<stem>.{safetensors,onnx,pt2,verify.json,golden.npz}",
+              "found_by": ", ".join(sorted({r.found_by for r in found.runs})) if several else
+              (C.STATUS_FILE if status else "file names"),
+              "layout": f"out/{'<run>/' if several else ''}<stem>.{{safetensors,onnx,pt2,verify.json,golden.npz}}",
+              "runs": _runs_record(found, out),
               "options": _options_record(o, light, full),
               "verification": {
                   "newest_of_each_behavior": "full profile (as a single conversion)",
@@ -617,24 +656,44 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, root, status, items, 
                 cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
                 tasks.append((check_alias, (it, ctx, cands)))
             run(tasks)
+        for dep in (d for r in found.runs for d in r.deployed):  # the run-root <Behavior>.onnx files
+            d = check_deployed(dep, items, results, out, o.verify, light)
+            manifest.deployed.append(d)
+            if d["status"] in DEPLOYED_FAILING:
+                click.echo(f"huggy-convert: {'error' if d['status'] == ERROR else 'verification failed'}: "
+                           f"{d['error']}", err=True)
     finally:
         quiet.__exit__(None, None, None)
         torch.set_num_threads(threads)
         if bar_ctx:
             bar_ctx.__exit__(None, None, None)
         entries = manifest.sorted_entries()
-        summary = _summary(entries, time.perf_counter() - t0, jobs) if len(entries) == len(items) else None
+        summary = _summary(entries, time.perf_counter() - t0, jobs, manifest.deployed) \
+            if len(entries) == len(items) else None
         if summary is not None:
             summary["warnings"] = warns + writer.notes
+            summary["runs"] = header["runs"]
+            for r, rec in zip(found.runs, summary["runs"]):
+                b = _best([results[it.rel] for it in items if it.sub == r.sub and it.rel in results])
+                rec.update(best_reward=b["reward"] if b else None, best_step=b.get("step") if b else None,
+                           best_stem=b["stem"] if b else None)
         manifest.write(summary, csv_too=summary is not None)
     if as_json:
         click.echo(json.dumps(dict(summary, manifest=str(out / MANIFEST_JSON)), indent=2))
     else:
         s = summary
-        click.echo(f"{source} -> {out}/: {s['checkpoints']} checkpoints ({header['found_by']}): {s['converted']} converted, "
-                   f"{s['skipped']} skipped, {s['failed']} failed, {s['same_as']} same as another")
-        if s["best_reward"] is not None:
+        runs = f" in {len(found.runs)} runs" if several else ""
+        click.echo(f"{source} -> {out}/: {s['checkpoints']} checkpoints{runs} ({header['found_by']}): {s['converted']} "
+                   f"converted, {s['skipped']} skipped, {s['failed']} failed, {s['same_as']} same as another")
+        for rec in s["runs"] if several else []:
+            best = f", best reward {rec['best_reward']:.4g} at step {rec['best_step']}" \
+                if rec["best_reward"] is not None else ""
+            click.echo(f"  {rec['dir']}/ -> {out / rec['out']}/: {rec['checkpoints']} checkpoints ({rec['found_by']})"
+                       f"{best}")
+        if s["best_reward"] is not None and not several:
             click.echo(f"  best reward {s['best_reward']:.4g} at step {s['best_step']} ({s['best_stem']})")
+        for d in manifest.deployed:
+            click.echo(f"  {describe_deployed(d)}")
         click.echo(f"  manifest: {out / MANIFEST_JSON}, {out / MANIFEST_CSV}")
         click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {jobs} workers)")
     return summary["exit_code"]

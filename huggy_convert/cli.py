@@ -102,6 +102,7 @@ def main():
     huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
     huggy-convert Huggy.onnx out/            an ML-Agents ONNX alone, read back into its policy
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
+    huggy-convert downloads/ out/            every run below, e.g. Hub clones -> out/<repo>/<Behavior>-<step>.*
     huggy-convert verify out/                re-check the artifacts in out/
 
     Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug).

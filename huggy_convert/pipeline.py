@@ -6,6 +6,7 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES,
                         locked, make_dirs)
 from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint, read_source
 from .converter.reference import describe as describe_divisor
-from .converter.reference import divisor_record
+from .converter.reference import divisor_record, goal_obs_from_reference
 from .errors import InputError
 from .exporters.pt2 import ProgramWriter
 from .exporters.registry import EXPORTERS
@@ -71,6 +72,8 @@ class ConvertResult:
             "recovered_from": self.conversion.checkpoint.recovered,
             "seconds": round(self.seconds, 3),
         }
+        if spec.obs_shapes:  # observations that are not vectors: every observation's shape
+            d["spec"]["obs_shapes"] = [list(s) for s in spec.obs_shapes]
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}
@@ -95,6 +98,18 @@ def default_reference(ckpt_path: Path) -> Optional[Path]:
         return p if p.is_file() else None
     except OSError:  # e.g. a name too long for a sibling: the output names are checked later
         return None
+
+
+def step_onnx(ckpt: Checkpoint) -> Optional[Path]:
+    """For ``checkpoint.pt`` (the newest step saved a second time, no ONNX beside it under its name):
+    the ONNX ML-Agents wrote beside the step file of its global step, ``<Behavior>-<step>.onnx``."""
+    if ckpt.path.name != C.CHECKPOINT_FILE or ckpt.global_step is None:
+        return None
+    try:
+        found = [p for p in ckpt.path.parent.glob(f"*-{int(ckpt.global_step)}{SUFFIXES[ONNX]}") if p.is_file()]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto]) -> Optional[List[int]]:
@@ -153,9 +168,16 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
                 raise
             reference = None
     sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
+    hints_from = None
+    if official is None and step_onnx(ckpt) is not None:  # checkpoint.pt: what no tensor says, from its step's ONNX
+        try:
+            hints_from = read_reference(step_onnx(ckpt))[0]
+        except InputError:
+            hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
-                                  reference_sha256=ref_sha)
+                                  reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official),
+                                  hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None)
 
 
@@ -233,8 +255,19 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     return res
 
 
+def _artifact_folders(out: Path) -> List[Path]:
+    """``out`` and the folders below it (not hidden): a batch over several runs writes each run's
+    artifacts into ``OUT/<run>/``."""
+    folders = []
+    for dirpath, dirnames, _ in os.walk(out):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        folders.append(Path(dirpath))
+    return folders
+
+
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
-    """Re-verify the files already in ``out_dir`` (one report per ``<stem>.safetensors``)."""
+    """Re-verify the files already in ``out_dir`` and the folders below it (one report per
+    ``<stem>.safetensors``)."""
     from .verify.engine import check_devices
     from .verify import Reference, verify, write_report
 
@@ -242,17 +275,17 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
     out = Path(out_dir)
     if not out.is_dir():
         raise InputError("no such directory", out)
-    stems = [stem] if stem else ArtifactSet.stems(out)
-    if not stems:
+    sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in ArtifactSet.stems(d)]
+    if not sets:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     official = load_reference(Path(reference)) if reference else None
     ckpt = read_source(checkpoint) if checkpoint else None
     writer = ProgramWriter(fast=True)
     reports = []
-    for s in stems:
-        arts = ArtifactSet(out, s)
+    for folder, s in sets:
+        arts = ArtifactSet(folder, s)
         if not arts.exists(ONNX):
-            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", out)
+            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", folder)
         if ckpt is not None:
             from .converter import load_policy
 
@@ -261,7 +294,7 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
                 raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
                                  f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
         rep = verify(arts, Reference(ckpt, official, Path(reference) if reference else None, arts.path(GOLDEN)),
-                     options, subject=f"{s} ({out})", writer=writer)
+                     options, subject=f"{s} ({folder})", writer=writer)
         write_report(rep, arts.path(REPORT))
         reports.append(rep)
     return reports
@@ -309,7 +342,8 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     computes its own from the statistics) and the step."""
     import numpy as np
 
-    from .converter import load_policy, map_policy
+    from .converter import load_policy
+    from .converter.mapping import map_policy_as
     from .converter.policy_file import atomic_write_bytes
     from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 
@@ -334,7 +368,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     with locked(out, C.CHECKPOINT_FILE):
         atomic_write_bytes(path, data)
     back = load_checkpoint(path)  # this tool's own reader (weights_only=True), on the file written
-    mapped = map_policy(back.policy, back.path, obs_sizes=policy.spec.obs_sizes)
+    mapped = map_policy_as(back.policy, policy.spec, back.path)
     compared = list(policy.sources)
     equal = [c for c in compared if c in mapped.tensors
              and mapped.tensors[c].tobytes() == np.asarray(policy.tensors[c], np.float32).tobytes()

@@ -1,13 +1,27 @@
-"""An ML-Agents run directory: which checkpoints it holds, with their steps and rewards.
+"""ML-Agents run directories: which checkpoints they hold, with their steps and rewards.
 
-``run_logs/training_status.json`` (in SOURCE, or in its parent when SOURCE is a behavior folder)
-gives each checkpoint's behavior, step, reward and creation time. Its paths are relative to
-wherever mlagents-learn ran (``results/Huggy/Huggy/Huggy-99972.onnx``), so a listed file is found
-by its base name among the ``.pt`` files under SOURCE (ML-Agents' own spelling
-``auxillary_file_paths`` names the ``.pt``; ``file_path`` with ``.pt`` for ``.onnx`` is the
-fallback). Without that file, or for ``.pt`` files it does not list, ``<Behavior>-<step>.pt``
-names give behavior and step. Hidden folders and OUT (when inside SOURCE) are not searched. A
-listed checkpoint whose file is gone is an item marked ``missing``.
+SOURCE is a run directory (``results/<run-id>/``), a behavior folder of one (its run is the folder
+above), a folder of ``.pt`` files, or a folder holding several runs (``downloads/<repo>/``: Hugging
+Face Hub clones made by ``mlagents-load-from-hf``). A *run directory* is a folder holding
+``run_logs/training_status.json`` or ``configuration.yaml`` (what mlagents-learn writes at the root of
+``results/<run-id>/``); each ``.pt`` belongs to the deepest run directory above it, and those in none
+form one more group, found by their file names.
+
+In each run, ``run_logs/training_status.json`` gives each checkpoint's behavior, step, reward and
+creation time. Its paths are those of the machine that trained (``results/Huggy/Huggy/Huggy-99972.onnx``,
+a Colab ``/content/...``, a Windows ``C:\\...\\Huggy-99972.pt``), so a listed file is found by its base
+name among the run's ``.pt`` files (ML-Agents' own spelling ``auxillary_file_paths`` names the
+``.pt``; ``file_path`` with ``.pt`` for ``.onnx`` is the fallback). Without that file, or for ``.pt``
+files it does not list, ``<Behavior>-<step>.pt`` names give behavior and step. Hidden folders
+(``.git``) and OUT (when inside SOURCE) are not searched. A listed checkpoint whose file is gone is an
+item marked ``missing``. The run-root ``<Behavior>.onnx`` of each behavior is listed as ``Deployed``
+(``huggy_convert.deployed`` says which checkpoint it is).
+
+Output names (``Item.stem``, ``Item.sub``): the checkpoint's file stem (``Huggy-245828``;
+``checkpoint.pt``: ``<Behavior>-checkpoint``; two files of one run with the same stem: their path below
+the run directory, ``/`` as ``-``), in OUT itself when SOURCE holds one group, in ``OUT/<the run's path
+below SOURCE>/`` when it holds several (``out/ppo-Huggy/Huggy-245828.onnx``). ``Item.rel`` is the
+path below the run directory (one group) or below SOURCE (several).
 
 Used by the batch (every checkpoint) and the run modes (inventory, newest checkpoint).
 """
@@ -18,7 +32,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import contract as C
 from .converter.checkpoint import check_regular, clip, read_input_file
@@ -45,6 +59,12 @@ class Item:
     missing: bool = False
     stem: str = ""
     newest: bool = False
+    sub: str = ""  # the folder of its outputs below OUT: its run's path below SOURCE when there are several
+
+    @property
+    def out_stem(self) -> str:
+        """Its outputs' path below OUT without the suffix (``ppo-Huggy/Huggy-245828``)."""
+        return f"{self.sub}/{self.stem}" if self.sub else self.stem
 
 
 STATUS_MAX_BYTES = 64 << 20  # a status file lists checkpoints: a few KB; this bounds what is read
@@ -83,8 +103,8 @@ def _status_records(doc) -> List[dict]:
             continue
         entries = _field(val, C.STATUS_CHECKPOINTS, list, "a list") or []
         final = _field(val, C.STATUS_FINAL, dict, "an object")
-        entries = entries + ([final] if final is not None else [])
-        for e in entries:
+        entries = [(e, False) for e in entries] + ([(final, True)] if final is not None else [])
+        for e, is_final in entries:
             if not isinstance(e, dict):
                 raise BrokenStatus(f"a checkpoint entry is {clip(repr(e), 40)}, not an object")
             aux = _field(e, C.STATUS_AUX_FILES, list, "a list") or _field(e, C.STATUS_AUX_FILES_FIXED, list, "a list") or []
@@ -102,6 +122,7 @@ def _status_records(doc) -> List[dict]:
             for p in pts:
                 pp = PurePosixPath(p.replace("\\", "/"))  # a Colab /content/... or Windows C:\\... path: its base name
                 records.append({"behavior": str(behavior), "name": pp.name, "parent": pp.parent.name, "step": step,
+                                "final": is_final,
                                 "reward": None if reward is None else float(reward),
                                 C.STATUS_CREATION_TIME: None if created is None else float(created)})
     return records
@@ -129,10 +150,11 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
     return [], f"{path}: broken {STATUS_FILE.name} ({reason}); using the file names"
 
 
-def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> List[Path]:
-    """The ``.pt`` files under ``scope``: regular files within the input size bound (a FIFO, device,
-    socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened)."""
-    found = []
+def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> Tuple[List[Path], List[Path]]:
+    """The ``.pt`` files under ``scope`` (regular files within the input size bound: a FIFO, device,
+    socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened), and the run
+    directories there (folders holding ``run_logs/training_status.json`` or ``configuration.yaml``)."""
+    found, runs = [], []
     for dirpath, dirnames, filenames in os.walk(scope):
         keep = []
         for d in sorted(dirnames):
@@ -140,6 +162,8 @@ def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> List[Path]:
                 continue
             keep.append(d)
         dirnames[:] = keep
+        if C.RUN_CONFIGURATION in filenames or (Path(dirpath) / STATUS_FILE).is_file():
+            runs.append(Path(dirpath))
         for f in sorted(filenames):
             if not f.endswith(C.CHECKPOINT_SUFFIX) or f.startswith("."):
                 continue
@@ -150,23 +174,47 @@ def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> List[Path]:
                 warns.append(f"skipped {exc.one_line()}")
                 continue
             found.append(p)
-    return found
+    return found, runs
 
 
-def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[Path], List[Item], List[str]]:
-    """(run root, training_status.json or None, items, warnings) for SOURCE."""
-    source = Path(source)
-    if not source.is_dir():
-        raise InputError("no such directory", source)
-    warns: List[str] = []
-    if (source / STATUS_FILE).is_file():
-        root, status = source, source / STATUS_FILE
-    elif (source.parent / STATUS_FILE).is_file():  # a behavior folder of a run
-        root, status = source.parent, source.parent / STATUS_FILE
-    else:
-        root, status = source, None
-    exclude = Path(out).resolve() if out is not None else None
-    files = _scan(source, exclude, warns)
+@dataclass
+class Deployed:
+    """A run-root ``<Behavior>.onnx``: ML-Agents' final export of the behavior, the file people deploy."""
+
+    path: Path
+    rel: str  # as Item.rel
+    behavior: str
+    sub: str  # the run's folder below OUT
+    final_step: Optional[int] = None  # the step training_status.json names as the final checkpoint
+
+
+@dataclass
+class Run:
+    """One run directory found under SOURCE (or the folder of loose checkpoints)."""
+
+    root: Path
+    status: Optional[Path]  # the training_status.json its checkpoints were found by (None: file names)
+    sub: str  # its outputs' folder below OUT ("" = OUT itself)
+    deployed: List[Deployed]
+    checkpoints: int = 0
+
+    @property
+    def found_by(self) -> str:
+        return STATUS_FILE.as_posix() if self.status else "file names"
+
+
+class Discovery(NamedTuple):
+    root: Path  # the run directory (SOURCE itself when there are several runs)
+    status: Optional[Path]  # its training_status.json (None: file names, or several runs)
+    items: List[Item]
+    warnings: List[str]
+    runs: List[Run]
+
+
+def _run_items(root: Path, status: Optional[Path], files: List[Path], source: Path, behavior_folder: bool,
+               warns: List[str]) -> Tuple[List[Item], Optional[Path], Dict[str, Optional[int]]]:
+    """The items of one run (its status file, else the file names), with stems unique within the run
+    and the newest of each behavior marked; and each behavior's final step from the status file."""
     rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
     by_name: Dict[str, List[Path]] = {}
     for f in files:
@@ -181,18 +229,21 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
             warns.append(warn)
             if not records:  # broken: the checkpoints are found by their file names
                 status = None
+    finals: Dict[str, Optional[int]] = {r["behavior"]: r["step"] for r in records if r["final"]}
+    for b in {r["behavior"] for r in records}:
+        finals.setdefault(b, None)
     seen_names = set()
     for r in records:
         if (r["behavior"], r["name"]) in seen_names:  # final_checkpoint repeats the newest
             continue
         seen_names.add((r["behavior"], r["name"]))
-        if source != root and r["behavior"] != source.name and r["parent"] != source.name:
+        if behavior_folder and r["behavior"] != source.name and r["parent"] != source.name:
             continue  # another behavior of the run than the folder asked for
         cands = [c for c in by_name.get(r["name"], []) if c not in claimed]
         if len(cands) > 1:
             cands.sort(key=lambda c: (c.parent.name != r["parent"], c.parent.name != r["behavior"], str(c)))
         if not cands:
-            guess = (source if source != root else root / r["behavior"]) / r["name"]
+            guess = (source if behavior_folder else root / r["behavior"]) / r["name"]
             items.append(Item(path=guess, rel=rel(guess), behavior=r["behavior"], step=r["step"], reward=r["reward"],
                               creation_time=r[C.STATUS_CREATION_TIME], listed=True, missing=True))
             continue
@@ -232,8 +283,64 @@ def discover(source: Path, out: Optional[Path] = None) -> Tuple[Path, Optional[P
             newest[it.behavior] = it
     for it in newest.values():
         it.newest = True
-    items.sort(key=lambda it: (it.behavior or "", it.kind == "checkpoint", it.step if it.step is not None else -1, it.rel))
-    return root, status, items, warns
+    return items, status, finals
+
+
+def _owner(f: Path, roots: List[Path]) -> Optional[Path]:
+    """The deepest run directory holding ``f`` (None: a loose file)."""
+    owners = [r for r in roots if r in f.parents]
+    return max(owners, key=lambda r: len(r.parts)) if owners else None
+
+
+def discover(source: Path, out: Optional[Path] = None) -> Discovery:
+    """The runs and checkpoints under SOURCE: a run directory, a behavior folder of one, a folder of
+    ``.pt`` files, or a folder holding several run directories (``downloads/<repo>/``, Hub clones):
+    each one is a run of its own, with its own status file, its outputs in ``OUT/<its path below
+    SOURCE>/`` when there are several (``Item.sub``), in OUT itself for one."""
+    source = Path(source)
+    if not source.is_dir():
+        raise InputError("no such directory", source)
+    warns: List[str] = []
+    exclude = Path(out).resolve() if out is not None else None
+    files, roots = _scan(source, exclude, warns)
+    behavior_folder = not (source / STATUS_FILE).is_file() and (source.parent / STATUS_FILE).is_file()
+    if behavior_folder:  # a behavior folder of a run: the run above it
+        roots = [source.parent]
+    groups: Dict[Path, List[Path]] = {}
+    for r in roots:
+        groups.setdefault(r, [])
+    for f in files:
+        groups.setdefault(_owner(f, roots) or source, []).append(f)
+    groups = {r: fs for r, fs in groups.items() if fs}
+    several = len(groups) > 1
+
+    runs: List[Run] = []
+    items: List[Item] = []
+    for root in sorted(groups, key=lambda r: r.relative_to(source).as_posix() if r != source.parent else ""):
+        status = root / STATUS_FILE if (root / STATUS_FILE).is_file() else None
+        its, status, finals = _run_items(root, status, groups[root], source, behavior_folder, warns)
+        sub = root.relative_to(source).as_posix() if several and root != source else ""
+        for it in its:
+            it.sub = sub
+            if sub:
+                it.rel = f"{sub}/{it.rel}"
+        behaviors = sorted({it.behavior for it in its if it.behavior} | set(finals))
+        if behavior_folder:
+            behaviors = [b for b in behaviors if b == source.name]
+        deployed = []
+        for b in behaviors:
+            p = root / C.DEPLOYED_ONNX.format(behavior=b)
+            if p.is_file() or p.is_symlink():
+                rel = f"{sub}/{p.name}" if sub else p.name
+                deployed.append(Deployed(path=p, rel=rel, behavior=b, sub=sub, final_step=finals.get(b)))
+        runs.append(Run(root=root, status=status, sub=sub, deployed=deployed,
+                        checkpoints=sum(1 for it in its if not it.missing)))
+        items += its
+    items.sort(key=lambda it: (it.sub, it.behavior or "", it.kind == "checkpoint",
+                               it.step if it.step is not None else -1, it.rel))
+    if several:
+        return Discovery(source, None, items, warns, runs)
+    return Discovery(runs[0].root if runs else source, runs[0].status if runs else None, items, warns, runs)
 
 
 def step_checkpoints(run_dir) -> List[Path]:

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 HUGGY_RUN = FIXTURES / "huggy"
 VARIANTS = FIXTURES / "variants"
+FAMILIES = FIXTURES / "families"
+GOAL_FAMILIES = ("goal_hyper", "goal_none")  # goal-conditioned policies (ObservationType.GOAL_SIGNAL)
 
 
 def step_checkpoints(run_dir: Path):

@@ -40,9 +40,11 @@ class Collect(logging.Handler):
 def behavior_spec(job):
     from mlagents_envs.base_env import ActionSpec, BehaviorSpec, DimensionProperty, ObservationSpec, ObservationType
 
-    obs = [ObservationSpec(shape=(n,), dimension_property=(DimensionProperty.NONE,),
-                           observation_type=ObservationType.DEFAULT, name=f"obs_{i}")
-           for i, n in enumerate(job["obs_sizes"])]
+    shapes = job.get("obs_shapes") or [[n] for n in job["obs_sizes"]]  # [max_entities, size]: a buffer sensor
+    obs = [ObservationSpec(shape=tuple(s), observation_type=ObservationType.DEFAULT, name=f"obs_{i}",
+                           dimension_property=(DimensionProperty.NONE,) if len(s) == 1 else
+                           (DimensionProperty.VARIABLE_SIZE, DimensionProperty.NONE))
+           for i, s in enumerate(shapes)]
     return BehaviorSpec(observation_specs=obs, action_spec=ActionSpec(job["continuous"], tuple(job["branches"])))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import FIXTURES, HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
+from conftest import FAMILIES, FIXTURES, GOAL_FAMILIES, HUGGY_RUN, VARIANTS, step_checkpoints, variant_names
 from onnx import numpy_helper
 
 import huggy_convert
@@ -31,6 +31,7 @@ from huggy_convert.runtime.feeds import make_noise, make_probes
 from huggy_convert.runtime import ort_run, ort_session
 
 CASES = [*step_checkpoints(HUGGY_RUN)] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]
+CASES += [step_checkpoints(FAMILIES / name)[-1] for name in GOAL_FAMILIES]  # the observation families that convert
 IDS = [p.stem for p in CASES]
 HUGGY = step_checkpoints(HUGGY_RUN)[-1]  # Huggy-scale statistics
 DET = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_CONT_DET, C.OUT_DISC_SHAPE, C.OUT_DISC_DET, C.RECURRENT_OUT)
@@ -180,8 +181,9 @@ def test_divisor_comparison_equals_the_generators_record():
     from huggy_convert.converter.reference import compare_divisor
 
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    families = json.loads((FAMILIES / "manifest.json").read_text())
     seen = 0
-    for run in manifest["runs"]:
+    for run in manifest["runs"] + [r for r in families["runs"] if r["name"] in GOAL_FAMILIES]:
         for onnx_rel, per_obs in run.get("divisor_vs_ieee", {}).items():
             official = onnx.load(str(FIXTURES / onnx_rel))
             for obs, rec in per_obs.items():
@@ -192,7 +194,7 @@ def test_divisor_comparison_equals_the_generators_record():
                 assert (cmp["differs"], cmp["indices"], cmp["max_ulp"]) == \
                     (rec["n_differ"], rec["indices"], rec["max_ulp"]), (onnx_rel, obs)
                 seen += 1
-    assert seen >= 12
+    assert seen >= 12 + 12  # the core fixtures, and the goal families (2 runs x 3 ONNX x 2 observations)
 
 
 def test_ieee_mode_gives_the_same_outputs_within_the_bound_not_bitwise():

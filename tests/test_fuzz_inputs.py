@@ -121,7 +121,8 @@ def test_1_special_file_in_a_run_directory_is_skipped(kind, tmp_path):
     shutil.copytree(SMALL_RUN, run)
     p = _special(kind, tmp_path)
     p.rename(run / "Small" / "Small-9999.pt")
-    items, warns = discover(run)[2:]
+    found = discover(run)
+    items, warns = found.items, found.warnings
     assert sorted(it.path.name for it in items if not it.missing) == ["Small-4157.pt", "checkpoint.pt"]
     assert len(warns) == 1 and "skipped" in warns[0] and "Small-9999.pt" in warns[0], warns
 
@@ -392,7 +393,8 @@ def test_4_broken_status_file_goes_on_by_file_names(kind, tmp_path):
     from huggy_convert.rundir import discover
 
     run = _run_dir(tmp_path, STATUS[kind])
-    root, status, items, warns = discover(run)
+    found = discover(run)
+    items, warns = found.items, found.warnings
     names = sorted(it.path.name for it in items if not it.missing)
     assert names == ["Small-4157.pt", "checkpoint.pt"], names
     step = [it.step for it in items if it.path.name == "Small-4157.pt"]

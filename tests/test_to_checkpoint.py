@@ -130,7 +130,8 @@ def _job(name, ck, st, res, save):
     first = lambda kind: next((p.name for p in sig.inputs if p.kind == kind), None)  # noqa: E731
     return {"name": name, "config": str(ck.parents[1] / "configuration.yaml"), "behavior": ck.parent.name,
             "checkpoint": str(res.path), "original": str(ck), "golden": str(ck.with_suffix(".golden.npz")),
-            "obs_sizes": list(pol.spec.obs_sizes), "continuous": pol.spec.continuous_size,
+            "obs_sizes": list(pol.spec.obs_sizes), "obs_shapes": [list(s) for s in pol.spec.obs_shapes],
+            "continuous": pol.spec.continuous_size,
             "branches": list(pol.spec.discrete_branches), "outputs": sig.output_names(),
             "obs_inputs": [p.name for p in sig.inputs if p.kind == OBSERVATION],
             "mask_input": first(MASK), "memory_input": first(MEMORY),

@@ -51,15 +51,17 @@ from typing import List, Tuple
 from . import actor
 from .actor import Actor
 from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
-                   SAMPLED, STAGES, Block, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
+                   SAMPLED, STAGES, Block, InputHint, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
 from ..errors import SpecError
+from .attention import Attention
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
+from .goal import Goal
 from .memory import Memory
 from .normalizer import Normalizer
 
-REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Body(), Continuous(), Discrete(), Memory())
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Attention(), Body(), Goal(), Continuous(), Discrete(), Memory())
 
 
 def in_stage(stage: str, spec=None) -> List[Block]:
@@ -93,9 +95,33 @@ def io_signature(spec) -> IOSignature:
                        tuple(p for b in blocks for p in b.outputs(spec)))
 
 
+@lru_cache(maxsize=256)
+def encoding_order(spec) -> Tuple[Tuple[int, ...], Tuple[Block, ...]]:
+    """How ML-Agents' ObservationEncoder joins the encodings: the observations whose encodings are
+    concatenated first, in observation order (those of the observe blocks without an ``*_append``
+    hook), and the blocks whose encodings are appended after them, in registry order (attention: it
+    embeds the others' concatenation as its self)."""
+    from .. import contract as C
+
+    order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
+    blocks = in_stage(OBSERVE, spec)
+    appended = tuple(b for b in blocks if b.has("onnx_append"))
+    own = sorted(order[p.name] for b in blocks if b not in appended for p in b.inputs(spec) if p.kind == OBSERVATION)
+    return tuple(own), appended
+
+
 def encoded_width(spec) -> int:
     """The width of every observation's encoding together (what the body's first layer takes)."""
     return sum(b.encoded_width(spec) for b in in_stage(OBSERVE, spec))
+
+
+def encoders(spec) -> List[dict]:
+    """Every observation's encoder (``Block.encoders``), in observation order of their first input."""
+    from .. import contract as C
+
+    order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
+    found = [e for b in in_stage(OBSERVE, spec) for e in b.encoders(spec)]
+    return sorted(found, key=lambda e: order[e["inputs"][0]])
 
 
 def parameter_count(spec, include_log_sigma: bool = True) -> int:

@@ -43,6 +43,16 @@ class Port:
 
 
 @dataclass(frozen=True)
+class InputHint:
+    """What an official ONNX says about one observation input that no checkpoint tensor holds: its
+    ``dims`` without the batch axis (None where not fixed), and whether the graph first transposes
+    it (``transposed``: ML-Agents 0.30's export of an entity input, for Barracuda)."""
+
+    dims: Tuple[Any, ...]
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
 class IOSignature:
     """The policy's inputs and outputs, in Unity's order: the one source of their names, dims, dtypes."""
 
@@ -126,9 +136,25 @@ class Block:
     def outputs(self, spec) -> List[Port]:
         return []
 
+    def encoders(self, spec) -> List[Dict[str, Any]]:
+        """OBSERVE blocks, for ``info``: what encodes its observations, one entry per encoder:
+        ``inputs`` (names), ``kind``, ``encoder`` (a sentence), ``width`` (its encoding's), ``parameters``."""
+        return []
+
     # --- ONNX (exporters.onnx_export) ------------------------------------------------------
+    def onnx_float32_nodes(self, spec) -> List[Tuple[str, Tuple[str, ...]]]:
+        """(node scope prefix, op types) of the nodes that must stay float32 when a compiler casts the
+        rest to fp16 (Ascend ATC's ``--keep_dtype``): the normalizer's, the attention's masking."""
+        return []
+
     def onnx_observe(self, f: "OnnxFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
+
+    def onnx_append(self, f: "OnnxFlow") -> Optional[str]:
+        """OBSERVE blocks whose encoding needs the others' (attention: its self embedding): called once the
+        other observations' encodings are concatenated into ``f.h`` (None when there are none); returns
+        the encoding ML-Agents' ObservationEncoder appends after them."""
+        return None
 
     def onnx_encode(self, f: "OnnxFlow") -> None:
         """ENCODE blocks: from ``f.h`` (None before the first) to the next features."""
@@ -152,6 +178,10 @@ class Block:
     def torch_observe(self, f: "TorchFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 
+    def torch_append(self, f: "TorchFlow"):
+        """OBSERVE blocks: as ``onnx_append`` (``f.h``: the other observations' encodings, or None)."""
+        return None
+
     def torch_encode(self, f: "TorchFlow") -> None:
         """ENCODE blocks: from ``f.h`` to the next features."""
 
@@ -166,6 +196,10 @@ class Block:
 
     def reference_observe(self, r: "ReferenceFlow", w) -> None:
         """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+
+    def reference_append(self, r: "ReferenceFlow", w):
+        """OBSERVE blocks: as ``onnx_append``, a ``bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
+        return None
 
     def reference_encode(self, r: "ReferenceFlow", w) -> None:
         """ENCODE blocks: from ``r.h`` to the next features."""
@@ -202,11 +236,15 @@ class KeyRules:
     stated reason, or an error naming it. Blocks infer spec fields into ``fields`` and pass what the
     next block needs in ``state`` (e.g. ``width``: the features the next block takes)."""
 
-    def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None):
+    def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None,
+                 inputs: Optional[Dict[int, InputHint]] = None):
         self.sd = sd
         self.keys = list(sd.keys())
         self.path = path
         self.obs_sizes = obs_sizes
+        # observation index -> what the official ONNX says of its input (or the spec, re-reading a
+        # canonical file) that the checkpoint cannot (an entity count, 0.30's transposed entities)
+        self.inputs: Dict[int, InputHint] = dict(inputs or {})
         self.remaining = set(self.keys)
         self.tensors: Dict[str, np.ndarray] = {}
         self.sources: Dict[str, str] = {}
@@ -252,6 +290,17 @@ class KeyRules:
         self.ignored[key] = why
         self.remaining.discard(key)
         self.order.append(key)
+
+    def twin(self, alias: str, key: str) -> None:
+        """``alias`` (a second name of ``key``'s module), when present, must be ``key``'s tensor bit for
+        bit; it is then ignored."""
+        import torch
+
+        if alias in self.sd:
+            a, b = self.sd[alias], self.sd[key]
+            if a.dtype != b.dtype or _shape(a) != _shape(b) or not torch.equal(a, b):
+                raise self.error(f"'{alias}' differs from its twin '{key}' (they are one module)")
+            self.ignore(alias, f"alias of {key} (bitwise equal)")
 
     def take(self, key: str, canonical: str, shape: Optional[Tuple[int, ...]] = None, finite: bool = True,
              integer: bool = False):

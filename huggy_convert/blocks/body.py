@@ -14,7 +14,12 @@ class Body(Block):
     name = "body"
     stage = ENCODE
 
+    def active(self, spec) -> bool:
+        return spec.goal_conditioning != C.GOAL_HYPER  # the goal-conditioned body is blocks/goal.py's
+
     def claim(self, r: KeyRules) -> None:
+        if r.matching(C.HYPER_RE):
+            return  # a ConditionalEncoder: blocks/goal.py claims it
         body_idx = r.indices(C.BODY_RE)
         first = C.BODY_LAYER.format(j=0, p="weight")
         if not body_idx:
@@ -24,15 +29,12 @@ class Body(Block):
             raise r.error(f"unexpected body layer indices {body_idx}: expected Linear at 0, 2, 4... (Swish between)")
         hidden, in_width = r.shape(r.matrix(first))
         shapes = observation_shapes(r, in_width)
-        sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
         prev = in_width
         for layer in range(num_layers):
             key = C.BODY_LAYER.format(j=2 * layer, p="{p}")
             r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), hidden, prev)
             prev = hidden
-        r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers,
-                        obs_shapes=tuple(shapes) if any(len(s) != 1 for s in shapes) else ())
-        r.state["width"] = hidden
+        record_body(r, shapes, hidden, num_layers)
 
     def state_template(self, spec):
         out, prev = {}, spec.encoded_width
@@ -64,7 +66,7 @@ class Body(Block):
 
         T = policy.tensors
         module.body = nn.ModuleList(module.affine(T[C.c_body(layer, "weight")], T[C.c_body(layer, "bias")])
-                                    for layer in range(policy.spec.num_layers))
+                                    for layer in range(policy.spec.num_layers if self.active(policy.spec) else 0))
         # what the forward reads per call: the layers (never their tensors or parameter dicts: torch.export
         # and .to() swap those) and the kernels (an import inside the hook costs ~1 us a call)
         module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu)
@@ -99,6 +101,15 @@ class Body(Block):
 
         for lin in w:
             r.h = swish(affine(r.h, lin, r.bounds))
+
+
+def record_body(r: KeyRules, shapes, hidden: int, num_layers: int) -> None:
+    """The spec fields a body fixes (every observation's size and shape, its width and depth) and the
+    width the next block reads."""
+    sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
+    r.fields.update(obs_sizes=sizes, hidden_units=hidden, num_layers=num_layers,
+                    obs_shapes=tuple(shapes) if any(len(s) != 1 for s in shapes) else ())
+    r.state["width"] = hidden
 
 
 def observation_shapes(r: KeyRules, in_width: int):

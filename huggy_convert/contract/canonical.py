@@ -15,6 +15,14 @@ def c_body(layer: int, p: str) -> str:
     return f"body.{layer}.{p}"
 
 
+def c_hyper(k: int, p: str) -> str:
+    """The goal-conditioned layer's hypernetwork: its Linear ``k`` (0, 2, 5 as ML-Agents numbers them)."""
+    return f"body.hyper.{k}.{p}"
+
+
+C_HYPER_BIAS = "body.hyper.bias"  # the generated layer's own bias (the hypernetwork makes only its weight)
+
+
 def c_lstm(p: str) -> str:
     return f"lstm.{p}"
 
@@ -28,6 +36,20 @@ C_LOG_SIGMA_B = "continuous.log_sigma.bias"
 
 def c_branch(b: int, p: str) -> str:
     return f"discrete.{b}.{p}"
+
+
+def c_entity(i: int, p: str) -> str:
+    """Observation ``i``'s entity embedding (ML-Agents' ``self_ent_encoder``: one Linear + Swish)."""
+    return f"obs.{i}.entity_embedding.{p}"
+
+
+C_ATT_SELF_W = "attention.self_encoder.weight"  # ML-Agents' x_self_encoder (Linear + Swish)
+C_ATT_SELF_B = "attention.self_encoder.bias"
+
+
+def c_attention(n: str, p: str) -> str:
+    """The residual self-attention's Linear ``n`` (q, k, v, out)."""
+    return f"attention.{n}.{p}"
 
 
 def c_const(key: str) -> str:

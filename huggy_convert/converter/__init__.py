@@ -21,10 +21,16 @@ class Conversion:
 
 def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None, official=None,
                            divisor: str = "auto", reference_name: Optional[str] = None,
-                           reference_sha256: Optional[str] = None) -> Conversion:
+                           reference_sha256: Optional[str] = None, goal_obs: Optional[Sequence[int]] = None,
+                           hints_from=None) -> Conversion:
     """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
-    official ONNX) as :func:`reference.reconcile_divisors` decides."""
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes)
+    official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an entity
+    observation's entity count) is read from ``official``'s inputs (or, without one, ``hints_from``'s:
+    an ML-Agents ONNX of the same run that is not the reference)."""
+    from .reference import input_hints
+
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes, goal_obs=goal_obs,
+                        inputs=input_hints(official if official is not None else hints_from))
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
                         step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
                         exact_steps=mapped.exact_steps, recovered=ckpt.recovered)

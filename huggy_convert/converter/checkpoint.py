@@ -105,7 +105,9 @@ def check_regular(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) 
 def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them: its type and size are checked
     with ``os.stat`` before it is opened, and again on the open descriptor (opened non-blocking, so a
-    FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread."""
+    FIFO never hangs), so a directory, socket, FIFO, device or huge sparse file is refused unread.
+    The one reader of every input file, so the one place a Git-LFS pointer left by a clone made
+    without git-lfs is named as such (``lfs_pointer_message``) instead of "not a checkpoint"."""
     p = Path(path)
     check_regular(p, what, limit)
     try:
@@ -122,7 +124,35 @@ def read_input_file(path, what: str = "checkpoint", limit: int = MAX_INPUT_BYTES
         raise InputError(f"cannot read the {what} ({exc.strerror or type(exc).__name__})", p) from None
     if len(data) > limit:
         raise InputError(f"too large for a {what}: over the {limit / 2 ** 30:g} GiB bound on input files", p)
+    if data.startswith(C.LFS_POINTER_MAGIC) and len(data) < C.LFS_POINTER_MAX_BYTES:
+        raise InputError(lfs_pointer_message(data, p, what), p)
     return data
+
+
+def _clone_of(p: Path) -> Optional[Path]:
+    """The git clone ``p`` lies in: the nearest folder above it holding ``.git`` or ``.gitattributes``."""
+    here = Path(os.path.abspath(p)).parent
+    for d in (here, *here.parents):
+        try:
+            if (d / C.GIT_DIR).exists() or (d / C.GIT_ATTRIBUTES).is_file():
+                return d if p.is_absolute() else Path(os.path.relpath(d))
+        except OSError:
+            return None
+    return None
+
+
+def lfs_pointer_message(data: bytes, p: Path, what: str) -> str:
+    """What to say of a Git-LFS pointer text found where the ``what`` should be: a clone made without
+    git-lfs (``mlagents-load-from-hf`` on a machine without it) leaves one for every LFS-tracked file."""
+    size = None
+    for line in data.splitlines()[1:]:
+        key, _, value = line.partition(b" ")
+        if key == C.LFS_SIZE_KEY and value.strip().isdigit():
+            size = int(value)
+    real = f"its {size:,} bytes were not downloaded" if size is not None else "the file itself was not downloaded"
+    clone = _clone_of(p)
+    where = f" in {clip(str(clone), 120)}" if clone is not None else " in its clone"
+    return f"a Git LFS pointer, not the {what}: {real} (cloned without git-lfs?); run '{C.LFS_PULL}'{where}"
 
 
 def stored_zip(data: bytes, p: Path, what: str = "torch checkpoint", error=CheckpointError) -> zipfile.ZipFile:

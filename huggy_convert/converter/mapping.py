@@ -28,18 +28,33 @@ class MappedPolicy:
     order: List[str] = field(default_factory=list)  # the keys taken or ignored by the blocks, in claim order
 
 
-def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None) -> MappedPolicy:
+def map_policy_as(sd: Dict[str, object], spec: PolicySpec, path=None) -> MappedPolicy:
+    """``map_policy`` of tensors that belong to ``spec`` (a canonical file's, or one written back), told
+    what the spec says and no tensor does: the vector observations' split, the goal observations and
+    the inputs' shapes."""
+    return map_policy(sd, path, obs_sizes=[n for _, n in spec.vector_obs], goal_obs=spec.goal_obs or None,
+                      inputs=spec.input_hints())
+
+
+def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
+               goal_obs: Optional[Sequence[int]] = None,
+               inputs: Optional[Dict[int, "blocks.InputHint"]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
 
     ``obs_sizes`` splits the observation width when the checkpoint cannot (``normalize: false``
     with several observations keeps no per-observation tensors); without it one observation
-    of the full width is assumed.
+    of the full width is assumed. ``goal_obs``: which observations a hypernetwork's goal is (the
+    official ONNX's, ``converter.reference.goal_obs_from_reference``), cross-checked with the goal's width.
+    ``inputs`` (observation index -> ``blocks.InputHint``: the official ONNX's inputs) says what no
+    tensor holds, e.g. an entity observation's maximum entity count (``converter.reference.input_hints``).
     """
     for k in sd:
         for pat, what in C.UNSUPPORTED_PATTERNS:
             if pat.search(k):
                 raise UnsupportedError(f"not supported yet: {what} (key '{k}')", path)
-    r = blocks.KeyRules(sd, path, obs_sizes)
+    r = blocks.KeyRules(sd, path, obs_sizes, inputs)
+    if goal_obs is not None:
+        r.state["goal_obs"] = tuple(goal_obs)
     for b in blocks.compute_order():
         b.claim(r)
     for b in blocks.REGISTRY:

@@ -201,7 +201,7 @@ def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Di
     divisors have the observations' widths; no other tensor is in the file."""
     import torch
 
-    from .mapping import map_policy
+    from .mapping import map_policy_as
 
     sd = {}
     for canonical, key in sources.items():
@@ -211,7 +211,7 @@ def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Di
             raise PolicyFileError(f"missing tensor {clip(repr(canonical), 60)} (its metadata lists it)", p)
         sd[key] = torch.from_numpy(np.ascontiguousarray(tensors[canonical]))
     try:
-        mapped = map_policy(sd, obs_sizes=[n for _, n in spec.vector_obs])
+        mapped = map_policy_as(sd, spec)
     except HuggyError as exc:
         raise PolicyFileError(f"tensors do not match the spec metadata: {exc.message}", p) from None
     if mapped.spec != spec:

@@ -16,8 +16,9 @@ The decision is recorded in the policy's metadata (``divisor``), and from there 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -109,6 +110,26 @@ def policy_ieee_divisors(policy) -> Dict[int, np.ndarray]:
 
 def _fixed_dims(dims) -> Tuple:
     return tuple(d if isinstance(d, int) else None for d in dims)[1:]
+
+
+def input_hints(official) -> Dict[int, "InputHint"]:
+    """Observation index -> what the official ONNX says of its input ``obs_<index>``
+    (``blocks.InputHint``): the dims without the batch axis (None where not fixed), and whether a
+    Transpose swapping its last two axes reads it (ML-Agents 0.30's entity inputs); empty without an
+    official file."""
+    from ..blocks import InputHint
+
+    if official is None:
+        return {}
+    swapped = {n.input[0] for n in official.graph.node if n.op_type == "Transpose" and n.input
+               and [list(a.ints) for a in n.attribute if a.name == "perm"] == [[0, 2, 1]]}
+    out = {}
+    for i in official.graph.input:
+        m = re.fullmatch(C.OBS_INPUT.format(i=r"(\d+)"), i.name)
+        if m:
+            dims = _fixed_dims([d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
+            out[int(m.group(1))] = InputHint(dims, i.name in swapped)
+    return out
 
 
 def check_same_policy(spec, official, reference_name: Optional[str] = None) -> None:
@@ -260,3 +281,30 @@ def read_onnx(path, what: str = "ONNX model"):
             raise InputError(f"input {clip(repr(name), 40)} has the dims {clip(str(dims), 60)}: an observation "
                              f"width is 1..{MAX_WIDTH}", path)
     return m, data
+
+
+def goal_obs_from_reference(model) -> Optional[List[int]]:
+    """Which observations a hypernetwork's goal is, from the official ONNX: the inputs that feed the
+    hypernetwork's first Gemm (through the goal Concat and their normalizers), in order; None
+    without a reference or a hypernetwork. The checkpoint cannot say (ObservationType is the
+    environment's); ``blocks.goal`` cross-checks it with the goal's width."""
+    if model is None:
+        return None
+    gemm = next((n for n in model.graph.node if n.op_type == "Gemm" and len(n.input) > 1
+                 and C.HYPER_GOAL_WEIGHT_RE.match(n.input[1])), None)
+    if gemm is None:
+        return None
+    producer = {o: n for n in model.graph.node for o in n.output}
+    obs = {C.OBS_INPUT.format(i=i): i for i in range(len(model.graph.input))}
+    found: List[int] = []
+    stack, seen = [gemm.input[0]], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in obs:
+            found.append(obs[name])
+        elif name in producer:
+            stack.extend(reversed(producer[name].input))
+    return found or None

@@ -32,7 +32,9 @@ from ..errors import SpecError
 
 def torch_order(keys: Iterable[str]) -> List[str]:
     """``keys`` in the order ``nn.Module.state_dict`` lists them for modules registered in the order the
-    keys first appear: at each module its own tensors first, then each child's, recursively."""
+    keys first appear: at each module its own tensors first, then each child's, recursively; the
+    children of a ModuleList or Sequential (numbered) by index (an entity set's processor between two
+    normalized vectors is claimed after them)."""
     tree: Dict[str, Optional[dict]] = {}
     for key in keys:
         node = tree
@@ -43,9 +45,11 @@ def torch_order(keys: Iterable[str]) -> List[str]:
 
     def walk(node, prefix):
         yield from (prefix + name for name, sub in node.items() if sub is None)
-        for name, sub in node.items():
-            if sub is not None:
-                yield from walk(sub, f"{prefix}{name}.")
+        children = [name for name, sub in node.items() if sub is not None]
+        if children and all(n.isdigit() for n in children):  # a ModuleList / Sequential: by index
+            children.sort(key=int)
+        for name in children:
+            yield from walk(node[name], f"{prefix}{name}.")
 
     return list(walk(tree, ""))
 
@@ -55,14 +59,14 @@ def policy_state_dict(policy) -> Dict[str, "object"]:
     by the forward rules: they must find the same spec and every tensor bit for bit."""
     import torch
 
-    from .mapping import map_policy
+    from .mapping import map_policy_as
 
     sd: Dict[str, object] = {}
     for canonical, key in policy.sources.items():
         sd[key] = torch.from_numpy(np.array(policy.tensors[canonical], dtype=np.float32, order="C"))
     for block in blocks.REGISTRY:
         block.restore(policy, sd)
-    mapped = map_policy(sd, obs_sizes=policy.spec.obs_sizes)
+    mapped = map_policy_as(sd, policy.spec)
     if mapped.spec != policy.spec:
         raise SpecError(f"the state dict written back reads as a {mapped.spec.family}, not the policy's "
                         f"{policy.spec.family}")

@@ -32,9 +32,12 @@ def out_nodes(model, spec) -> List[str]:
 
 
 def normalizer_nodes(model, spec) -> List[str]:
-    """The names of the normalizers' Sub, Div and Clip nodes (what ``--keep_dtype`` keeps float32)."""
-    scopes = tuple(C.SCOPE_NORMALIZER.format(i=i) + "/" for i, _ in spec.vector_obs) if spec.normalize else ()
-    return [n.name for n in model.graph.node if n.op_type in C.KEEP_DTYPE_OPS and n.name.startswith(scopes)]
+    """The names of the nodes ``--keep_dtype`` keeps float32: the normalizers' Sub, Div and Clip, and
+    what each block says must stay float32 (``Block.onnx_float32_nodes``: an attention's masking)."""
+    from .. import blocks
+
+    rules = [r for b in blocks.active(spec) for r in b.onnx_float32_nodes(spec)]
+    return [n.name for n in model.graph.node if any(n.name.startswith(s) and n.op_type in ops for s, ops in rules)]
 
 
 def atc_plan(model, onnx_path, spec) -> Dict[str, object]:

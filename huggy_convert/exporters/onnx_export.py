@@ -14,7 +14,7 @@ Identity nodes at the top of the graph (e.g. two zero biases). ``dedup=True`` (t
 does the same, so the op sequence matches a torch 2.x export node for node; verification
 also compares with those Identity nodes removed, so a torch 1.x file (no merging) compares too.
 
-Opsets 10-15 use each opset's own forms (Clip/Slice/Squeeze bounds as inputs).
+Opsets 10-15 use each opset's own forms (Clip/Slice/Squeeze bounds, ReduceSum axes as inputs).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class _Graph:
         return outs[0] if n_out == 1 else outs
 
     def init(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(array, order="C"), name))  # a 0-d array stays 0-d
         return name
 
     def const(self, value, scope: str, dtype=np.float32) -> str:
@@ -70,6 +70,16 @@ class _Graph:
             return self.node("Slice", [x], scope, axes=[axis], starts=[start], ends=[end])
         s, e, a = (self.const([v], scope, np.int64) for v in (start, end, axis))
         return self.node("Slice", [x, s, e, a], scope)
+
+    def reduce_sum(self, x: str, axis: int, keepdims: int, scope: str) -> str:
+        if self.opset < 13:
+            return self.node("ReduceSum", [x], scope, axes=[axis], keepdims=keepdims)
+        return self.node("ReduceSum", [x, self.const([axis], scope, np.int64)], scope, keepdims=keepdims)
+
+    def unsqueeze(self, x: str, axis: int, scope: str) -> str:
+        if self.opset < 13:
+            return self.node("Unsqueeze", [x], scope, axes=[axis])
+        return self.node("Unsqueeze", [x, self.const([axis], scope, np.int64)], scope)
 
     def squeeze(self, x: str, axis: int, scope: str) -> str:
         if self.opset < 13:
@@ -118,11 +128,15 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
         g.init(port.init, policy.tensors[port.tensor])
     for b in blocks.in_stage(blocks.OBSERVE, spec):
         b.onnx_observe(f)
-    # ML-Agents' ObservationEncoder: every observation's encoding, concatenated in observation order
-    n_obs = sum(p.kind == blocks.OBSERVATION for p in sig.inputs)
-    if sorted(f.encoded) != list(range(n_obs)):
-        raise ExportError(f"observations {sorted(set(range(n_obs)) - set(f.encoded))} have no encoder block")
-    f.h = g.node("Concat", [f.encoded[i] for i in range(n_obs)], C.SCOPE_OBS_ENCODER, axis=1)
+    # ML-Agents' ObservationEncoder: the encodings concatenated in observation order, then what the
+    # appending blocks (attention) make of them appended after them
+    own, appending = blocks.encoding_order(spec)
+    if sorted(f.encoded) != list(own):
+        raise ExportError(f"observations {sorted(set(own) - set(f.encoded))} have no encoder block")
+    f.h = g.node("Concat", [f.encoded[i] for i in own], C.SCOPE_OBS_ENCODER, axis=1) if own else None
+    appended = [b.onnx_append(f) for b in appending]
+    if appended:
+        f.h = g.node("Concat", ([f.h] if f.h else []) + appended, C.SCOPE_OBS_ENCODER, axis=1)
     for b in blocks.in_stage(blocks.ENCODE, spec):
         b.onnx_encode(f)
     heads = blocks.in_stage(blocks.HEAD, spec)

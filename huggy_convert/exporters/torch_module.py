@@ -87,7 +87,9 @@ class PolicyModule(nn.Module):
         # each stage's hooks bound once, in registry order
         self._input_names = tuple(spec.input_names())
         self._observe = tuple(b.torch_observe for b in blocks.in_stage(blocks.OBSERVE, spec) if b.has("torch_observe"))
-        self._n_obs = sum(p.kind == blocks.OBSERVATION for p in spec.io_signature().inputs)
+        own, appending = blocks.encoding_order(spec)
+        self._own_obs = own  # the observations whose encodings are concatenated first (observation order)
+        self._append = tuple(b.torch_append for b in appending)
         self._encode = tuple(b.torch_encode for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode"))
         self._output = tuple(b.torch_output for b in blocks.active(spec) if b.has("torch_output"))  # output order
         self._row_as_vector = all(b.row_as_vector for b in blocks.active(spec))
@@ -149,8 +151,11 @@ class PolicyModule(nn.Module):
         f = blocks.TorchFlow(self, dict(zip(self._input_names, inputs)), vec, inplace, sampling=sampling)
         for observe in self._observe:
             observe(f)
-        enc = f.encoded  # ML-Agents' ObservationEncoder: the encodings concatenated in observation order
-        h = enc[0] if self._n_obs == 1 else torch.cat([enc[i] for i in range(self._n_obs)], dim=1)
+        enc, own = f.encoded, self._own_obs  # ML-Agents' ObservationEncoder: in observation order, ...
+        h = enc[own[0]] if len(own) == 1 else (torch.cat([enc[i] for i in own], dim=1) if own else None)
+        if self._append:  # ... then what the appending blocks (attention) make of them
+            f.h = h
+            h = torch.cat(([h] if h is not None else []) + [a(f) for a in self._append], dim=1)
         f.h = h[0] if vec else h
         for encode in self._encode:
             encode(f)

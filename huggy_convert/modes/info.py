@@ -10,6 +10,7 @@ import numpy as np
 from .. import __version__
 from .. import contract as C
 from ..converter.from_onnx import describe_recovered, recovered_record
+from ..blocks import encoders
 from .common import ModeResult, g
 from ..runtime import ort_providers
 from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
@@ -34,21 +35,27 @@ def environment() -> Dict[str, object]:
 
 
 def spec_dict(spec) -> Dict[str, object]:
-    return {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
-            "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
-            "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
-            "memory_size": spec.memory_size}
+    d = {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
+         "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
+         "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
+         "memory_size": spec.memory_size}
+    if spec.obs_shapes:
+        d["obs_shapes"] = [list(s) for s in spec.obs_shapes]
+    if spec.attention_export != C.ATTENTION_EXPORT_110:
+        d["attention_export"] = spec.attention_export
+    return d
 
 
 def counted_parameters(src: Source) -> Dict[str, int]:
     """Parameter counts from the spec's formula and, independently, from the tensors themselves."""
     if src.kind == KIND_ONNX:
         lin, total = src.onnx_view.parameter_counts()
-        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/Add)"}
+        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/MatMul/Add)"}
     spec, T = src.spec, src.policy.tensors
-    lin = sum(int(v.size) for k, v in T.items()
-              if k.startswith(("body.", "lstm.", "discrete.")) or k in (C.C_MU_W, C.C_MU_B))
     sig = sum(int(v.size) for k, v in T.items() if k.startswith(C.C_LOG_SIGMA))
+    norm = {C.c_norm(i, f) for i, _ in spec.vector_obs for f in C.NORM_FIELDS} | {C.c_divisor(i) for i, _ in spec.vector_obs}
+    lin = sum(int(v.size) for k, v in T.items()  # every tensor but the constants, normalizers and log sigma
+              if not k.startswith((C.c_const(""), C.C_LOG_SIGMA)) and k not in norm)
     return {"linear": spec.parameter_count(include_log_sigma=False),
             C.P_WITH_LOG_SIGMA: spec.parameter_count(include_log_sigma=True),
             "tensors_linear": lin, C.P_TENSORS_WITH_LOG_SIGMA: lin + sig,
@@ -60,6 +67,8 @@ def normalizer_summary(src: Source) -> List[Dict[str, object]]:
     if not src.spec.normalize:
         return out
     for i, (mean, div) in enumerate(src.obs_scale()):
+        if src.spec.obs_kind(i) != "vector":  # only vector observations have a normalizer
+            continue
         d: Dict[str, object] = {"input": C.OBS_INPUT.format(i=i), "size": int(mean.size),
                                 "mean_range": [float(mean.min()), float(mean.max())],
                                 "divisor_range": [float(div.min()), float(div.max())]}
@@ -102,6 +111,7 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
         resolved = f"unavailable ({exc})"
     d: Dict[str, object] = {"source": display_path(p), "kind": "run directory" if p.is_dir() else src.kind,
                             "file": src.label, "spec": spec_dict(spec), "parameters": params,
+                            "encoders": encoders(spec),
                             "normalizer": norm, "environment": env, "device": {"asked": device, "torch": resolved,
                                                                                "dtype": dtype}}
     recovered = recovered_record(src.policy) if src.policy is not None else {}
@@ -132,6 +142,10 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
     L.append(f"  spec: {spec.family}")
     L.append(f"  parameters: {params['linear']:,} in the linear layers, {params[C.P_WITH_LOG_SIGMA]:,} with the log sigma"
              f"  ({params['counted_from']})")
+    for e in d["encoders"]:
+        if e["kind"] != "vector":  # the vectors' encoders: the normalizer lines below
+            L.append(f"  encoder {', '.join(e['inputs'])} ({e['kind']}, {' + '.join('x'.join(map(str, s)) for s in e['shape'])}): "
+                     f"{e['encoder']}; {e['width']} wide, {e['parameters']:,} parameters")
     if recovered:
         L.append(f"  {describe_recovered(recovered)}")
     elif src.unrecovered:

@@ -35,7 +35,7 @@ VARIANTS: Dict[str, Tuple[Optional[Callable], str]] = {
     "nonorm": (lambda s: not s.normalize, "a policy without a normalizer (normalize: false)"),
     "sac": (lambda s: s.algorithm == "sac", "a SAC policy"),
     "small": (None, "the fixture variant 'small'"),
-    "twoobs": (lambda s: len(s.obs_sizes) > 1, "a policy with several observations"),
+    "twoobs": (lambda s: len(s.obs_sizes) > 1 and not s.obs_shapes, "a policy with several vector observations"),
 }
 
 
@@ -233,16 +233,28 @@ for _seed, _rows in ((0, 8), (1, 32)):
         lambda m, seed=_seed, rows=_rows: m.vs_official(m.ck, make_feed(m.main, "random", rows, seed)))
 
 
-def probes_npy(m) -> Path:
-    """verify's 64 probes of the observations, concatenated, as a .npy file."""
-    p = m.file("probes.npy")
+def _flat(m) -> bool:
+    """Whether one flat array holds the observations (all vectors); else an .npz by input name does."""
+    return not m.spec.obs_shapes
+
+
+def probes_npy(m, rows: Optional[int] = None) -> Path:
+    """verify's 64 probes of the observations, concatenated, as a .npy file (by input name in an .npz
+    where an observation is not a vector: entity sets); ``rows``: the first rows only."""
     feed = make_feed(m.main, "probes", 64, 0)
-    np.save(p, np.concatenate([feed[C.OBS_INPUT.format(i=i)] for i in range(len(m.spec.obs_sizes))], axis=1))
+    names = [C.OBS_INPUT.format(i=i) for i in range(len(m.spec.obs_sizes))]
+    if _flat(m):
+        p = m.file("probes.npy" if rows is None else f"obs{rows}.npy")
+        np.save(p, np.concatenate([feed[k] for k in names], axis=1)[:rows])
+    else:
+        p = m.file("probes.npz" if rows is None else f"obs{rows}.npz")
+        np.savez(p, **{k: feed[k][:rows] for k in names})
     return p
 
 
-@case(2, "verify's 64 probes from a .npy (outliers to +-1e4 hit both clips)",
-      lambda m: m.cmd("act", m.ck, f"--obs {m.p(m.out)}/probes.npy --rows 64"), needs=("official",))
+@case(2, "verify's 64 probes from a .npy (an .npz by input name beside entity sets; outliers to +-1e4 hit both clips)",
+      lambda m: m.cmd("act", m.ck, f"--obs {m.p(m.out)}/probes.{'npy' if _flat(m) else 'npz'} --rows 64"),
+      needs=("official",))
 def c_npy(m):
     from .actions import act
 
@@ -254,15 +266,16 @@ def c_npy(m):
     return o
 
 
-@case(2, "observations from JSON equal the same rows from .npy (bitwise)",
+@case(2, "observations from JSON equal the same rows from .npy (.npz beside entity sets; bitwise)",
       lambda m: m.cmd("act", m.ck, f"--obs {m.p(m.out)}/obs.json"))
 def c_json(m):
     from .actions import act
 
-    rows = np.load(probes_npy(m))[:4]
-    jp, p4 = m.file("obs.json"), m.file("obs4.npy")
-    jp.write_text(json.dumps(rows.tolist()))
-    np.save(p4, rows)
+    p4, jp = probes_npy(m, 4), m.file("obs.json")
+    if _flat(m):
+        jp.write_text(json.dumps(np.load(p4).tolist()))
+    else:  # a JSON object by input name
+        jp.write_text(json.dumps({k: v.tolist() for k, v in np.load(p4).items()}))
     # the same 4 rows both ways (a GEMM's rounding may depend on the batch size on some CPUs)
     out = main_output(m.spec)
     a = act(m.main, obs=str(jp)).data["outputs"][out]

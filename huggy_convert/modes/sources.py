@@ -21,8 +21,9 @@ import numpy as np
 
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
+from ..converter.spec import OBS_ENTITY, OBS_VECTOR
 from ..converter.checkpoint import load_npz, read_input_file
-from ..converter.reference import read_onnx
+from ..converter.reference import goal_obs_from_reference, read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
@@ -49,11 +50,13 @@ def run_inventory(run_dir) -> Dict[str, object]:
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
     from ..rundir import discover
 
-    root, status, items, warnings = discover(Path(run_dir))
+    found = discover(Path(run_dir))
+    status, items, warnings = found.status, found.items, found.warnings
     out: Dict[str, object] = {"run_dir": str(run_dir), STATUS_KEY: display_path(status) if status else None,
                               "warnings": warnings, "behaviors": {}}
     for it in items:
-        beh = out["behaviors"].setdefault(it.behavior or "(unknown)", {"checkpoints": [], "checkpoint_pt": None})
+        key = (f"{it.sub}/" if it.sub else "") + (it.behavior or "(unknown)")  # several runs: <run>/<Behavior>
+        beh = out["behaviors"].setdefault(key, {"checkpoints": [], "checkpoint_pt": None})
         if it.kind == "checkpoint":
             beh["checkpoint_pt"] = None if it.missing else display_path(it.path)
             continue
@@ -125,19 +128,24 @@ class OnnxView:
         return None, None
 
     def parameter_counts(self) -> Tuple[int, int]:
-        """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/Add initializers."""
+        """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/MatMul/Add initializers
+        (a Linear on a 3-D input is a MatMul and an Add of its bias; the other Add of an initializer
+        is PPO's log_sigma; the 0-d exponents of 0.30's Pow are no parameters)."""
         lin, sig = 0, 0
         for n in self.model.graph.node:
-            if n.op_type in ("Gemm", "LSTM"):
+            if n.op_type in ("Gemm", "LSTM", "MatMul"):
                 size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
-                if C.SCOPE_LOG_SIGMA_MARK in n.name:
+                if C.SCOPE_LOG_SIGMA_MARK in n.name or (n.op_type == "Gemm" and C.SCOPE_LOG_SIGMA_MARK in n.input[1]):
                     sig += size
                 else:
                     lin += size
             elif n.op_type == "Add":
+                after_matmul = any(getattr(self.producer.get(x), "op_type", "") == "MatMul" for x in n.input)
                 for x in n.input:
                     t = self.tensor(x) if (self.alias.get(x, x) in self.inits) else None
-                    if t is not None:
+                    if t is not None and (after_matmul or C.SCOPE_BODY_MARK in n.name):
+                        lin += int(t.size)  # a Linear's bias on a 3-D input; a generated layer's (goal)
+                    elif t is not None:
                         sig += int(t.size)
         return lin, lin + sig
 
@@ -203,7 +211,9 @@ class Source:
         out = []
         for i, n in enumerate(self.spec.obs_sizes):
             mean = div = None
-            if self.policy is not None and self.spec.normalize:
+            if self.spec.obs_kind(i) != OBS_VECTOR:  # no normalizer: zeros and ones
+                pass
+            elif self.policy is not None and self.spec.normalize:
                 mean = self.policy.tensors[C.c_norm(i, C.NORM_MEAN)]
                 div = self.policy.divisor(i)
             elif self.model is not None:
@@ -222,6 +232,8 @@ class Source:
         tensors: Dict[str, np.ndarray] = {}
         if self.spec.normalize:
             for i, (mean, div) in enumerate(self.obs_scale()):
+                if self.spec.obs_kind(i) != OBS_VECTOR:
+                    continue
                 tensors[C.c_norm(i, C.NORM_MEAN)] = mean
                 tensors[C.c_norm(i, C.NORM_VAR)] = div.astype(np.float64) ** 2
                 tensors[C.c_norm(i, C.NORM_STEPS)] = np.ones((), np.float32)
@@ -278,19 +290,38 @@ def _onnx_source(p: Path) -> Source:
 
 
 # --- observations ------------------------------------------------------------------------
-def _as_rows(a, width: int, name: str, path: Path) -> np.ndarray:
+def _as_rows(a, dims, name: str, path: Path, what: str = "") -> np.ndarray:
+    """``a`` as float32 rows of ``dims`` (an int: a vector's width); one row may come without its
+    batch axis. A wrong shape is one line naming the input, the shape given and the one expected."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
     try:
         a = np.asarray(a, dtype=np.float32)
     except (TypeError, ValueError):
         raise InputError(f"'{name}' is not a numeric array", path) from None
-    if a.ndim == 1:
-        a = a.reshape(1, -1)
-    if a.ndim != 2 or a.shape[1] != width or a.shape[0] == 0:
-        raise InputError(f"'{name}' has shape {list(a.shape)}, expected [rows, {width}]", path)
+    if a.ndim == len(dims):
+        a = a.reshape((1,) + a.shape)
+    if a.shape[1:] != dims or a.shape[0] == 0:
+        raise InputError(f"'{name}' has shape {list(a.shape)}, expected [rows, {', '.join(map(str, dims))}]"
+                         + (f" ({what})" if what else ""), path)
     return np.ascontiguousarray(a)
 
 
+def _describe_input(spec: PolicySpec, i: int) -> str:
+    """What observation ``i`` is, for an input-shape error."""
+    shape = spec.obs_shape(i)
+    if spec.obs_kind(i) == OBS_ENTITY:
+        return (f"a variable-length observation: up to {shape[0]} entities of {shape[1]} features; an entity "
+                f"whose squared features sum below {C.ENTITY_MASK_BELOW} is padding")
+    return ""
+
+
 def _split_flat(spec: PolicySpec, a, path: Path) -> Dict[str, np.ndarray]:
+    other = [i for i in range(spec.obs_count) if spec.obs_kind(i) != OBS_VECTOR]
+    if other:
+        i = other[0]
+        raise InputError(f"one flat array cannot hold {C.OBS_INPUT.format(i=i)} "
+                         f"[rows, {', '.join(map(str, spec.obs_shape(i)))}] ({_describe_input(spec, i)}): give an .npz "
+                         "(or a JSON object) with one array per input", path)
     total = spec.obs_total
     arr = _as_rows(a, total, "observations", path) if np.asarray(a).ndim <= 2 else None
     if arr is None:
@@ -308,11 +339,11 @@ def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.n
     if unknown:
         raise InputError(f"unknown input '{unknown[0]}' (the policy takes {', '.join(names)})", path)
     out = {}
-    for i, n in enumerate(spec.obs_sizes):
+    for i in range(spec.obs_count):
         k = C.OBS_INPUT.format(i=i)
         if k not in d:
             raise InputError(f"missing input '{k}'", path)
-        out[k] = _as_rows(d[k], n, k, path)
+        out[k] = _as_rows(d[k], spec.obs_shape(i), k, path, _describe_input(spec, i))
     if C.ACTION_MASKS in d:
         out[C.ACTION_MASKS] = _as_rows(d[C.ACTION_MASKS], spec.discrete_total, C.ACTION_MASKS, path)
     if C.RECURRENT_IN in d:
@@ -354,7 +385,7 @@ def make_feed(src: Source, obs: str = "random", rows: int = 1, seed: int = 0) ->
     if rows < 1:
         raise InputError(f"--rows must be at least 1, got {rows}")
     if obs == "random":
-        feed = random_obs(src.obs_scale(), rows, seed)
+        feed = random_obs(src.obs_scale(), rows, seed, [src.spec.obs_shape(i) for i in range(src.spec.obs_count)])
     elif obs == "zeros":
         feed = zeros_obs(src.spec, rows)
     elif obs == "probes":

@@ -51,7 +51,7 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
     spec = src.spec
     rng = np.random.default_rng(seed)
     scale = src.obs_scale()
-    width = spec.obs_total
+    width = sum(spec.obs_sizes)  # every observation's elements (an entity set's too)
     mean = np.concatenate([m for m, _ in scale]).astype(np.float64)
     div = np.concatenate([d for _, d in scale]).astype(np.float64)
     u = rng.standard_normal((rows, width))
@@ -62,8 +62,8 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
     for t in range(steps):
         obs = (mean + div * u).astype(np.float32)
         feed, start = {}, 0
-        for i, n in enumerate(spec.obs_sizes):
-            feed[C.OBS_INPUT.format(i=i)] = np.ascontiguousarray(obs[:, start:start + n])
+        for i, n in enumerate(spec.obs_sizes):  # an entity set's random features: every entity real
+            feed[C.OBS_INPUT.format(i=i)] = np.ascontiguousarray(obs[:, start:start + n]).reshape((rows,) + spec.obs_shape(i))
             start += n
         if spec.discrete_branches:
             feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)

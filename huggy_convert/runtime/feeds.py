@@ -4,7 +4,7 @@ memories, and the noise of the stochastic heads (drawn on the CPU, so a seed mea
 device)."""
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,15 +43,18 @@ def draw_noise(spec: PolicySpec, rows: int, seed: int) -> Tuple[np.ndarray, np.n
     return eps.numpy(), u.numpy()
 
 
-def random_obs(scales: Sequence[Tuple[np.ndarray, np.ndarray]], rows: int, seed: int) -> Dict[str, np.ndarray]:
+def random_obs(scales: Sequence[Tuple[np.ndarray, np.ndarray]], rows: int, seed: int,
+               shapes: Optional[Sequence[Tuple[int, ...]]] = None) -> Dict[str, np.ndarray]:
     """Observations at the normalizer's scale: ``mean + divisor * z``, z ~ N(0, 1) from
     ``numpy.random.default_rng(seed)``; ``scales``: per observation (running_mean, divisor) as float32
-    (zeros and ones without a normalizer)."""
+    (zeros and ones without a normalizer); ``shapes``: each observation's shape, where not a vector
+    (an entity set: every entity real)."""
     rng = np.random.default_rng(seed)
     feed = {}
     for i, (mean, div) in enumerate(scales):
         z = rng.standard_normal((rows, mean.size))
-        feed[C.OBS_INPUT.format(i=i)] = (mean.astype(np.float64) + div.astype(np.float64) * z).astype(np.float32)
+        x = (mean.astype(np.float64) + div.astype(np.float64) * z).astype(np.float32)
+        feed[C.OBS_INPUT.format(i=i)] = x.reshape((rows,) + tuple(shapes[i])) if shapes else x
     return feed
 
 

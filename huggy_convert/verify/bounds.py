@@ -105,14 +105,29 @@ class Linear:
         return self._W2T
 
 
-def affine(x: Bounded, lin: Linear, bounds: bool = True) -> Bounded:
-    """``x W^T + b`` (Gemm / addmm / addmv): inherited errors root-sum-square, plus its own roundings."""
+def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False) -> Bounded:
+    """``x W^T + b`` (Gemm / addmm / addmv; on the last axis of any rank, MatMul + Add): inherited
+    errors root-sum-square, plus its own roundings. ``correlated``: the inputs' errors share a common
+    cause (a LayerNorm's divisor, a softmax's normalisation), so they add up linearly (``|W| e``), the
+    worst case, instead."""
     z = _mm(x.v, lin.WT) + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
     A = _mm(np.abs(x.v) + x.err, lin.aWT).astype(np.float64) * SLACK + np.abs(lin.b)
-    inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
+    if correlated:
+        inherited = _mm(x.err, lin.aWT).astype(np.float64) * SLACK
+    else:
+        inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
     return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
+
+
+def accumulation(n: int) -> float:
+    """The relative bound on the rounding error of a float32 sum of ``n`` terms (or an inner product
+    of length ``n``) in any order, against the sum of the terms' magnitudes: the deterministic
+    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1)
+    or the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums:
+    the deterministic one)."""
+    return min(n * U32 / (1 - n * U32), LAMBDA * U32 * np.sqrt(n))
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -157,6 +172,121 @@ def swish(z: Bounded) -> Bounded:
     return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * E_SIGMOID + U32 * np.abs(v))
 
 
+def matmul(a: Bounded, b: Bounded) -> Bounded:
+    """``a @ b`` over the last axis of ``a`` and the second-to-last of ``b`` (batched MatMul; both
+    inexact): each term's inherited error ``|a| e_b + e_a (|b| + e_b)``, root-sum-square over the ``k``
+    terms (independent errors, as for :func:`affine`), plus the product's own roundings
+    ``accumulation(k) (|a| + e_a) (|b| + e_b)``."""
+    v = a.v @ b.v
+    k = a.v.shape[-1]
+    A = (np.abs(a.v) + a.err) @ (np.abs(b.v) + b.err)
+    # sum_k (|a| e_b + e_a (|b| + e_b))^2, expanded into three products
+    bb = np.abs(b.v) + b.err
+    sq = (a.v ** 2) @ (b.err ** 2) + 2 * (np.abs(a.v) * a.err) @ (b.err * bb) + (a.err ** 2) @ (bb ** 2)
+    return Bounded(v, np.sqrt(sq) + accumulation(k) * A * (1 + U32))
+
+
+def minus_plus_one(x: Bounded) -> Bounded:
+    """``(x - 1) + 1`` in float32 (ML-Agents' MultiHeadAttention does it to the keys, a workaround for
+    Sentis): the same value, two roundings, ``u |x - 1|`` then ``u |x|``, each on the perturbed value."""
+    e1 = x.err + U32 * (np.abs(x.v - 1.0) + x.err)
+    return Bounded(x.v, e1 + U32 * (np.abs(x.v) + e1))
+
+
+def layer_norm(x: Bounded, eps: float) -> Bounded:
+    """``(x - mean) / sqrt(mean((x - mean)^2) + eps)`` over the last axis of width ``d`` (ML-Agents'
+    parameter-free LayerNorm; ``eps`` the float32 constant the runtimes add), computed in two passes.
+
+    Derivation. Let ``c = x - mean(x)``, ``s = s(c) = sqrt(mean(c^2) + eps)``, ``y = c / s``; every
+    perturbation of ``c`` is collected in ``t`` (elementwise bounds):
+
+    - inherited: ``dc_j = dx_j - mean(dx)``; ``|mean(dx)| <= min(mean(e), LAMBDA sqrt(sum e^2) / d)``
+      (the worst case, or Hoeffding's bound on a sum of independent errors, as in :func:`affine`);
+    - the float32 mean: its sum ``accumulation(d) mean(|x| + e)`` (+ ``u |mean|`` for the scaling);
+      the subtraction rounds once more: ``u (|c_j| + t_j)``.
+
+    The divisor: ``s(c + t)^2 - s^2 = 2 mean(c t) + mean(t^2)`` and ``s(c + t) + s >= 2 s - rms(t)``
+    (``s(.)`` is a Euclidean norm of ``(c / sqrt(d), sqrt(eps))``: the triangle inequality), so
+    ``|s(c + t) - s| <= rho = (2 M + mean(t^2)) / (2 s - rms(t))`` with ``|mean(c t)| <= M =
+    min(mean(|c| t), LAMBDA sqrt(sum c^2 t^2) / d)``. Then, exactly, ``|(c + t) / s(c + t) - y| <=
+    (t + |y| rho) / (s - rho)``. The float32 divisor ``s^`` is that norm computed: the squares, their
+    mean (positive terms: relative ``2 u + accumulation(d)``), ``+ eps`` (``u``) and the sqrt (which
+    halves the relative error, and adds 1 ulp = ``2 u`` of its own: MKL's float32 sqrt is faithful, not
+    always correctly rounded): ``s^ = s(c + t) (1 + eta)``; the division rounds once (``u``):
+    ``|y^ - y~| <= |y~| (u + eta) / (1 - eta)``."""
+    v = x.v
+    d = v.shape[-1]
+    mu = v.mean(axis=-1, keepdims=True)
+    c = v - mu
+    var = (c * c).mean(axis=-1, keepdims=True)
+    s = np.sqrt(var + eps)
+    y = c / s
+    e = x.err
+    me = np.minimum(e.mean(axis=-1, keepdims=True), LAMBDA * np.sqrt((e * e).sum(axis=-1, keepdims=True)) / d)
+    e_mu = accumulation(d) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + U32 * np.abs(mu)
+    t = e + me + e_mu
+    t = t + U32 * (np.abs(c) + t)
+    rms_t = np.sqrt((t * t).mean(axis=-1, keepdims=True))
+    M = np.minimum((np.abs(c) * t).mean(axis=-1, keepdims=True),
+                   LAMBDA * np.sqrt((c * c * t * t).sum(axis=-1, keepdims=True)) / d)
+    cs = np.abs(c) + t  # an upper bound of |c + t|, for the divisor's own rounding
+    var_t = (cs * cs).mean(axis=-1, keepdims=True)
+    r_v = (2 * U32 + accumulation(d)) * (1 + U32) * var_t / (var_t + eps) + U32
+    eta = r_v / (2 - r_v) + 2 * U32 * (1 + r_v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(2 * s > rms_t, (2 * M + rms_t ** 2) / (2 * s - rms_t), np.inf)
+        near = np.where(s > rho, (t + np.abs(y) * rho) / (s - rho), np.inf)
+    return Bounded(y, near + (np.abs(y) + near) * (U32 + eta) / (1 - eta))
+
+
+def softmax(z: Bounded, axis: int = -1) -> Bounded:
+    """``exp(z - max) / sum(exp(z - max))`` along ``axis`` (ONNX Softmax, torch.softmax).
+
+    Derivation. Inherited: with ``|dz_i| <= e_i`` and ``E = max_j e_j`` over the row,
+    ``p'_i / p_i = exp(dz_i) / sum_j p_j exp(dz_j)`` lies in ``[exp(-e_i - E), exp(e_i + E)]``, so
+    ``|p'_i - p_i| <= p_i (exp(e_i + E) - 1)``, exactly. Own roundings, relative to ``p'_i``: the
+    subtraction of the max (``u |z_i - max|``, which the exp turns into a relative
+    ``exp(u |z_i - max|) - 1``) and the exp kernel (``E_EXP``) give each term ``alpha_i``; the sum of
+    positive terms ``max alpha + accumulation(n)``, plus what a term the exp flushes to zero leaves
+    (``n 2^-126`` against a sum >= 1); the final division (or multiplication by the reciprocal,
+    ``2 u``). A term whose exact value is below ``2^-126`` stays below it (relative bounds are
+    meaningless there): its bound is ``2^-126`` plus the inherited part."""
+    v = z.v
+    m = v.max(axis=axis, keepdims=True)
+    ex = np.exp(v - m)
+    p = ex / ex.sum(axis=axis, keepdims=True)
+    n = v.shape[axis]
+    tiny = 2.0 ** -126
+    E = z.err.max(axis=axis, keepdims=True)
+    grow = np.expm1(z.err + E)
+    dist = np.abs(v - m) + z.err + E
+    with np.errstate(over="ignore"):
+        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(U32 * dist) * (1 + E_EXP) + E_EXP, 0.0)
+    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
+    own = (1 + alpha) * (1 + 2 * U32) / (1 - a_sum) - 1
+    err = p * grow + p * (1 + grow) * own
+    return Bounded(p, np.where(alpha > 0, err, p * grow + tiny))
+
+
+def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
+    """``sum_n keep_n y_n / (sum_n keep_n + eps)`` over axis 1 of ``y`` [B, N, d] (ML-Agents'
+    attention pooling; ``keep`` [B, N] exactly 0 or 1, ``eps`` its float32 constant).
+
+    Derivation. Multiplying by 0 or 1 is exact, so the masked terms are exact zeros; the numerator
+    inherits ``sum keep e`` (linearly: the rows' errors share the attention's common causes) and its
+    own ``accumulation(N) sum keep (|y| + e)``. The count is an exact integer; ``+ eps`` rounds once
+    (``u``). The quotient of two inexact values: ``(e_num + |q| e_den) / (den - e_den)``, plus its own
+    rounding ``u |q|``. An all-padded set gives ``0 / eps = 0`` exactly, and its bound is 0."""
+    k = keep[:, :, None].astype(np.float64)
+    num = (y.v * k).sum(axis=1)
+    n = y.v.shape[1]
+    e_num = (y.err * k).sum(axis=1) + accumulation(n) * ((np.abs(y.v) + y.err) * k).sum(axis=1)
+    den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
+    e_den = U32 * den
+    q = num / den
+    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + U32 * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
+
+
 def concat(parts) -> Bounded:
     return Bounded(np.concatenate([p.v for p in parts], axis=1), np.concatenate([p.err for p in parts], axis=1))
 
@@ -183,9 +313,10 @@ class Float64Policy:
     def __init__(self, policy):
         spec = policy.spec
         self.spec = spec
-        self._n_obs = sum(p.kind == blocks.OBSERVATION for p in spec.io_signature().inputs)
+        self._own_obs, appending = blocks.encoding_order(spec)
         prepared = [(b, b.reference_init(policy)) for b in blocks.active(spec)]
         self._observe = [(b, w) for b, w in prepared if b.stage == blocks.OBSERVE and b.has("reference_observe")]
+        self._append = [(b, w) for b, w in prepared if b in appending]
         self._encode = [(b, w) for b, w in prepared if b.stage == blocks.ENCODE and b.has("reference_encode")]
         self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
@@ -202,8 +333,11 @@ class Float64Policy:
         r = blocks.ReferenceFlow(feed, bounds, noise)
         for b, w in self._observe:
             b.reference_observe(r, w)
-        parts = [r.encoded[i] for i in range(self._n_obs)]
-        r.h = parts[0] if len(parts) == 1 else concat(parts)
+        parts = [r.encoded[i] for i in self._own_obs]  # observation order, then the appended encodings
+        r.h = (parts[0] if len(parts) == 1 else concat(parts)) if parts else None
+        if self._append:
+            appended = [b.reference_append(r, w) for b, w in self._append]
+            r.h = concat(([r.h] if r.h is not None else []) + appended)
         for b, w in self._encode:
             b.reference_encode(r, w)
         for b, w in self._outputs:
