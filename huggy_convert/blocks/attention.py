@@ -28,6 +28,7 @@ from .. import contract as C
 from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 LINEAR_WEIGHT, LINEAR_BIAS = "weight", "bias"
+POW_EXPONENT = "/Pow.exponent_"  # the 0.30 export's exponent initializers: f"{scope}{POW_EXPONENT}{n}"
 
 
 def entities(spec):
@@ -101,6 +102,29 @@ class Attention(Block):
             for p in (LINEAR_WEIGHT, LINEAR_BIAS):
                 sd[C.ENTITY_ENCODER_ALIAS.format(i=i, p=p)] = sd[C.ENTITY_ENCODER.format(i=i, p=p)]
 
+    def state_template(self, spec):
+        d, z = C.ATTENTION_EMBEDDING_SIZE, lambda *s: np.zeros(s, np.float32)  # noqa: E731
+        others = spec.encoded_width - d  # the other observations' encodings: the self embedding's input
+        out = {}
+        for n in C.RSA_LINEARS:
+            out[C.RSA_LINEAR.format(n=n, p=LINEAR_WEIGHT)], out[C.RSA_LINEAR.format(n=n, p=LINEAR_BIAS)] = z(d, d), z(d)
+        if others:
+            out[C.X_SELF_ENCODER.format(p=LINEAR_WEIGHT)], out[C.X_SELF_ENCODER.format(p=LINEAR_BIAS)] = z(d, others), z(d)
+        for i, (_, size) in entities(spec):
+            out[C.ENTITY_ENCODER.format(i=i, p=LINEAR_WEIGHT)] = z(d, size + (d if others else 0))
+            out[C.ENTITY_ENCODER.format(i=i, p=LINEAR_BIAS)] = z(d)
+        return out
+
+    def onnx_recover(self, spec, found, sd) -> None:
+        """The MatMul weights are the Linears' weights transposed (``_onnx_linear``); the 0.30 export's
+        exponents of 2 are initializers of no key (the final comparison checks their value)."""
+        for name in list(found):
+            for key in list(sd):
+                if name == C.TRANSPOSED_INIT.format(key=key):
+                    sd[key] = np.ascontiguousarray(found.pop(name).T)
+            if name in found and POW_EXPONENT in name:
+                found.pop(name)
+
     @staticmethod
     def _max_entities(r: KeyRules, i: int, size: int) -> int:
         """No tensor holds how many entities observation ``i`` takes: the official ONNX's input does."""
@@ -172,7 +196,7 @@ class Attention(Block):
         d, heads = C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         total = sum(m for _, (m, _) in ents)
         legacy = spec.attention_export == C.ATTENTION_EXPORT_030  # torch 1.x: no CSE, Pow's exponent an initializer
-        pow2 = (lambda s: g.init(f"{s}/Pow.exponent_{len(g.inits)}", np.array(2.0, np.float32))) if legacy else \
+        pow2 = (lambda s: g.init(f"{s}{POW_EXPONENT}{len(g.inits)}", np.array(2.0, np.float32))) if legacy else \
             (lambda s: g.const(2.0, s))
 
         def entity_input(i: int, m: int, size: int, scope: str) -> str:

@@ -106,6 +106,22 @@ class Goal(Block):
                           "which (give the official ONNX beside it, or --reference)")
         return fits[0]
 
+    def state_template(self, spec):
+        h, L = spec.hidden_units, spec.num_layers
+        prev, goal_width = _widths(spec)
+        z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+        out, width = {}, spec.encoded_width
+        for layer in range(L - 1):
+            out[C.HYPER_LAYER.format(j=2 * layer, p="weight")] = z(h, width)
+            out[C.HYPER_LAYER.format(j=2 * layer, p="bias")] = z(h)
+            width = h
+        jh = 2 * (L - 1)
+        out[C.HYPER_LAYER.format(j=jh, p="bias")] = z(h)
+        for k, shape in zip(C.HYPER_NET_LINEARS, ((h, goal_width), (h, h), (prev * h, h))):
+            out[C.HYPER_NET.format(j=jh, k=k, p="weight")] = z(*shape)
+            out[C.HYPER_NET.format(j=jh, k=k, p="bias")] = z(shape[0])
+        return out
+
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         h = spec.hidden_units
         prev, g = _widths(spec)

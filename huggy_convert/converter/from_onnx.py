@@ -41,6 +41,7 @@ from .. import blocks
 from .. import contract as C
 from ..errors import HuggyError, InputError, UnsupportedError
 from .checkpoint import Checkpoint, clip
+from .reference import goal_obs_from_reference, input_hints
 from .spec import PolicySpec
 
 NOT_RECOVERED = ("the training step", "the normalizer's running sums", "the critic and optimizer state")
@@ -81,16 +82,16 @@ def infer_spec(model, path=None) -> PolicySpec:
         if name not in known and not (name.startswith(obs_prefix) and name[len(obs_prefix):].isdigit()):
             raise _not_ml_agents(f"unexpected input {clip(repr(name), 60)} (an ML-Agents policy takes "
                                  f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}..., {', '.join(known)})", path)
-    obs = []
+    obs = []  # each observation's shape: (n,) a vector, (max_entities, entity_size) a variable-length one
     while C.OBS_INPUT.format(i=len(obs)) in inputs:
         dims = inputs[C.OBS_INPUT.format(i=len(obs))]
-        if len(dims) in (3, 4):  # the names stripped: the input's rank still says which family
-            what = {3: "variable-length (entity) observations", 4: "visual observations (CNN encoders)"}[len(dims)]
-            raise UnsupportedError(f"not supported yet: {what} (input {C.OBS_INPUT.format(i=len(obs))!r} "
-                                   f"{dims[1:]})", path)
-        if len(dims) != 2 or not dims[1]:
-            raise _not_ml_agents(f"input {C.OBS_INPUT.format(i=len(obs))!r} has the dims {dims}, not [batch, width]", path)
-        obs.append(int(dims[1]))
+        if len(dims) == 4:  # the names stripped: the input's rank still says which family
+            raise UnsupportedError(f"not supported yet: visual observations (CNN encoders) (input "
+                                   f"{C.OBS_INPUT.format(i=len(obs))!r} {dims[1:]})", path)
+        if len(dims) not in (2, 3) or not all(dims[1:]):
+            raise _not_ml_agents(f"input {C.OBS_INPUT.format(i=len(obs))!r} has the dims {dims}, not [batch, width] "
+                                 "or [batch, entities, features]", path)
+        obs.append(tuple(int(d) for d in dims[1:]))
     n_obs = sum(1 for n in inputs if n.startswith(obs_prefix))
     if n_obs != len(obs):
         raise _not_ml_agents(f"observation inputs are not {C.OBS_INPUT.format(i=0)}..{C.OBS_INPUT.format(i=n_obs - 1)}", path)
@@ -134,23 +135,76 @@ def infer_spec(model, path=None) -> PolicySpec:
         if len(d) != 3 or d[1] != 1 or not d[2]:
             raise _not_ml_agents(f"input {C.RECURRENT_IN!r} has the dims {d}, not [batch, 1, memory]", path)
         memory = int(d[2])
-    gemms = [n for n in g.node if n.op_type == "Gemm"]
-    layers = sum(n.op_type == "Sigmoid" for n in g.node)
-    if not gemms or not layers:
-        raise _not_ml_agents("no body layer (Gemm, then Swish as Sigmoid and Mul)", path)
-    bias = constant_behind(gemms[0].input[2]) if len(gemms[0].input) > 2 else None
-    if bias is None or bias.ndim != 1:
-        raise _not_ml_agents(f"the first Gemm ({clip(gemms[0].name or '', 60)!r}) has no bias initializer", path)
+    hidden = _features_width(g, producer, constant_behind, memory, path)
     sac = bool(cont) and C.OUT_CONT in producer and producer[C.OUT_CONT].op_type == "Tanh"
-    normalize = bool(obs) and any(n.op_type == "Sub" and n.input[:1] == [C.OBS_INPUT.format(i=0)] for n in g.node)
-    try:
-        spec = PolicySpec(algorithm=C.TRAINER_SAC if sac else C.TRAINER_PPO, obs_sizes=tuple(obs),
-                          normalize=normalize, hidden_units=int(bias.shape[0]),
-                          num_layers=layers, continuous_size=cont, discrete_branches=branches, memory_size=memory)
+    vectors = [C.OBS_INPUT.format(i=i) for i, s in enumerate(obs) if len(s) == 1]
+    normalize = any(n.op_type == "Sub" and n.input[:1] == vectors[:1] for n in g.node) if vectors else False
+    goal = goal_obs_from_reference(model)
+    legacy = any(h.transposed for h in input_hints(model).values())
+    fields = dict(algorithm=C.TRAINER_SAC if sac else C.TRAINER_PPO, obs_sizes=tuple(int(np.prod(s)) for s in obs),
+                  obs_shapes=tuple(obs) if any(len(s) != 1 for s in obs) else (), normalize=normalize,
+                  hidden_units=hidden, continuous_size=cont, discrete_branches=branches, memory_size=memory,
+                  attention_export=C.ATTENTION_EXPORT_030 if legacy else C.ATTENTION_EXPORT_110,
+                  **({"goal_conditioning": C.GOAL_HYPER, "goal_obs": tuple(goal)} if goal else {}))
+    sigmoids = sum(n.op_type == "Sigmoid" for n in g.node)
+    try:  # every body layer (the MLP's, the conditional body's) is one Swish: the rest is the other blocks'
+        one = PolicySpec(num_layers=1, **fields)
+        spec = PolicySpec(num_layers=1 + sigmoids - _count_ops(_template_graph(one, _opset(model), model), "Sigmoid"),
+                          **fields)
     except HuggyError as exc:
         raise _not_ml_agents(exc.message, path) from None
     _check_io(model, spec, path)
     return spec
+
+
+def _features_width(g, producer, constant_behind, memory: int, path) -> int:
+    """The body's width: what an LSTM takes (its W is [1, 4h, width]), else what the first head's Gemm
+    reads, found by walking back from its deterministic output (first inputs) to a Gemm."""
+    if memory:
+        lstm = next((n for n in g.node if n.op_type == "LSTM"), None)
+        w = constant_behind(lstm.input[1]) if lstm is not None and len(lstm.input) > 1 else None
+        if w is None or w.ndim != 3:
+            raise _not_ml_agents(f"{C.RECURRENT_IN!r} is an input but no LSTM reads a weight initializer", path)
+        return int(w.shape[2])
+    for out in (C.OUT_CONT_DET, C.OUT_DISC_DET):
+        name = out
+        for _ in range(16):
+            n = producer.get(name)
+            if n is None or not n.input:
+                break
+            if n.op_type == "Gemm":
+                w = constant_behind(n.input[1])
+                if w is None or w.ndim != 2:
+                    break
+                return int(w.shape[1] if _attrs(n).get("transB", 0) == 1 else w.shape[0])
+            name = n.input[0]
+    raise _not_ml_agents("no Gemm (a head's Linear) computes the deterministic actions", path)
+
+
+def _count_ops(model, op: str) -> int:
+    return sum(n.op_type == op for n in model.graph.node)
+
+
+def _template_graph(spec: PolicySpec, opset: int, model):
+    """The graph ML-Agents' export has for ``spec`` (placeholder values; no dedup Identity nodes)."""
+    from ..exporters.onnx_export import build_onnx
+
+    return build_onnx(_placeholder_policy(spec, model)[1], opset if opset in C.ONNX_OPSETS else C.ONNX_OPSET_DEFAULT,
+                      dedup=False)
+
+
+def _vector_sizes(spec: PolicySpec) -> Tuple[int, ...]:
+    """The vector observations' widths: what the key rules take as the split no tensor gives."""
+    return tuple(n for _, n in spec.vector_obs)
+
+
+def _policy_of(ckpt: Checkpoint, spec: PolicySpec, model):
+    """``ckpt``'s canonical policy by the usual key rules, told what the ONNX's inputs say (the vector
+    split, an entity observation's count, the goal observations)."""
+    from . import policy_from_checkpoint
+
+    return policy_from_checkpoint(ckpt, obs_sizes=_vector_sizes(spec), goal_obs=spec.goal_obs or None,
+                                  hints_from=model).policy
 
 
 def _check_io(model, spec: PolicySpec, path) -> None:
@@ -320,18 +374,17 @@ def match_graph(model, reference, path=None, collect: bool = True) -> Dict[str, 
 
 
 # --- 3. the state dict ---------------------------------------------------------------------------
-def _placeholder_policy(spec: PolicySpec):
-    """The policy of the blocks' ``state_template`` for ``spec`` (the usual key rules; IEEE divisors)."""
+def _placeholder_policy(spec: PolicySpec, model):
+    """The policy of the blocks' ``state_template`` for ``spec`` (the usual key rules; IEEE divisors;
+    ``model``: the ONNX whose inputs say what no tensor does, e.g. an entity observation's count)."""
     import torch
-
-    from . import policy_from_checkpoint
 
     sd = {}
     for b in blocks.active(spec):
         sd.update(b.state_template(spec))
     ckpt = Checkpoint(Path("template"), "", {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()},
                       None, [])
-    policy = policy_from_checkpoint(ckpt, obs_sizes=spec.obs_sizes).policy
+    policy = _policy_of(ckpt, spec, model)
     if policy.spec != spec:  # the templates and the key rules disagree: a bug, not the input's fault
         raise RuntimeError(f"the blocks' state templates make a {policy.spec.family}, not a {spec.family}")
     return sd, policy
@@ -342,12 +395,12 @@ def recover_state_dict(model, path=None) -> Tuple[Dict[str, np.ndarray], PolicyS
     the spec its I/O says). ``InputError`` naming what is not ML-Agents'."""
     from ..exporters.onnx_export import build_onnx
 
-    spec = infer_spec(model, path)
     opset = _opset(model)
     if opset not in C.ONNX_OPSETS:
         raise InputError(f"ONNX opset {opset}: this tool reads ML-Agents' opset {C.ONNX_OPSET_DEFAULT} export and its "
                          f"own rebuilds ({C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]})", path)
-    template, placeholder = _placeholder_policy(spec)
+    spec = infer_spec(model, path)
+    template, placeholder = _placeholder_policy(spec, model)
     reference = build_onnx(placeholder, opset, dedup=False)
     found = match_graph(model, reference, path, collect=True)
     shapes = {t.name: tuple(t.dims) for t in reference.graph.initializer}
@@ -385,7 +438,6 @@ def checkpoint_from_onnx(path, model=None, data: Optional[bytes] = None) -> Chec
     import torch
 
     from ..exporters.onnx_export import build_onnx
-    from . import policy_from_checkpoint
     from .reference import read_onnx
 
     p = Path(path)
@@ -394,9 +446,9 @@ def checkpoint_from_onnx(path, model=None, data: Optional[bytes] = None) -> Chec
     sd, spec = recover_state_dict(model, p)
     digest = hashlib.sha256(data).hexdigest()
     ckpt = Checkpoint(p, digest, {k: torch.from_numpy(v) for k, v in sd.items()}, None, [],
-                      recovered=recovery_record(model, p, digest, spec), obs_sizes=spec.obs_sizes)
+                      recovered=recovery_record(model, p, digest, spec), obs_sizes=_vector_sizes(spec))
     try:
-        policy = policy_from_checkpoint(ckpt).policy
+        policy = _policy_of(ckpt, spec, model)
     except HuggyError as exc:  # the key rules on the recovered tensors (a constant that contradicts a layer...)
         raise _not_ml_agents(exc.message, p) from None
     match_graph(model, build_onnx(policy, _opset(model)), p, collect=False)

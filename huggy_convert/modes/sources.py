@@ -277,15 +277,15 @@ def _onnx_source(p: Path) -> Source:
     """An ONNX input: its canonical policy recovered (``converter.from_onnx``; the divisors are the
     graph's own), or, for a graph with ML-Agents' inputs and outputs that is not its export node for
     node, the spec its I/O says and why the tensors could not be recovered."""
-    from ..converter import policy_from_checkpoint
     from ..converter.from_onnx import checkpoint_from_onnx, infer_spec
+    from ..pipeline import prepare_conversion
 
     m, data = read_onnx(p)
     try:
         ckpt = checkpoint_from_onnx(p, m, data)
     except InputError as exc:
         return Source(p, KIND_ONNX, infer_spec(m, p), model=m, unrecovered=exc.message)
-    pol = policy_from_checkpoint(ckpt).policy
+    pol = prepare_conversion(ckpt, p, lenient=True).conversion.policy  # the ONNX its own reference, as convert does
     return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m)
 
 
