@@ -23,7 +23,7 @@ from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
 from ..converter.spec import OBS_ENTITY, OBS_VECTOR
 from ..converter.checkpoint import load_npz, read_input_file
-from ..converter.reference import goal_obs_from_reference, read_onnx
+from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
