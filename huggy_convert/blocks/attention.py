@@ -146,8 +146,8 @@ class Attention(Block):
         self_width = r.state[self.name]
         shapes = r.fields.get("obs_shapes") or [(n,) for n in r.fields.get("obs_sizes", ())]
         others = [i for i, s in enumerate(shapes) if len(s) != 2]
-        body_in = r.tensors[C.c_body(0, LINEAR_WEIGHT)].shape[1]
-        want = body_in - C.ATTENTION_EMBEDDING_SIZE  # what the other observations' encodings give
+        body = r.tensors.get(C.c_body(0, LINEAR_WEIGHT))  # (a goal-conditioned body has other first layers)
+        want = body.shape[1] - C.ATTENTION_EMBEDDING_SIZE if body is not None else self_width  # the others' encodings
         if bool(others) != bool(self_width) or (self_width and self_width != want):
             raise r.error(f"'{C.X_SELF_ENCODER.format(p=LINEAR_WEIGHT)}' takes {self_width or 'nothing (absent)'}, "
                           f"but the observations beside the entities ({', '.join(C.OBS_INPUT.format(i=i) for i in others) or 'none'}) "
