@@ -63,6 +63,20 @@ def run_guarded(fn, as_json: bool = False, subject=None):
         fail(from_foreign(e, getattr(e, "filename", None) or subject), as_json)
 
 
+def parse_obs_sizes(text: str):
+    """``--obs-sizes``: comma-separated widths (``8,5``), a camera as ``CxHxW`` (``3x84x84,6``)."""
+    out = []
+    for part in text.split(","):
+        try:
+            dims = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            raise InputError(f"--obs-sizes '{text}' is not a comma-separated list of widths or CxHxW shapes") from None
+        if len(dims) not in (1, 3) or min(dims) < 1:
+            raise InputError(f"--obs-sizes '{text}': '{part}' is neither a width nor a CxHxW camera shape")
+        out.append(dims[0] if len(dims) == 1 else dims)
+    return out
+
+
 def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
     from .verify import VerifyOptions, parse_overrides
 
@@ -123,7 +137,8 @@ def main():
 @click.option("--no-verify", is_flag=True, help="skip verification")
 @click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
 @click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
-              "policies with several observations and no official ONNX)")
+              "policies with several observations and no official ONNX); a camera as CxHxW, e.g. 3x84x84,6 "
+              "(its height and width, where no official ONNX states them)")
 @click.option("--jobs", "-j", type=click.IntRange(0, 256), default=0,
               help="parallel workers for a run directory (default: cores)")
 @click.option("--force", is_flag=True, help="run directory: redo checkpoints the manifest already has")
@@ -137,10 +152,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
     def go():
         sizes = None
         if obs_sizes:
-            try:
-                sizes = [int(s) for s in obs_sizes.split(",")]
-            except ValueError:
-                raise InputError(f"--obs-sizes '{obs_sizes}' is not a comma-separated list of integers") from None
+            sizes = parse_obs_sizes(obs_sizes)
         vo = verify_options(atol, rtol, cosine, devices, dtypes)
         opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, divisor=divisor, verify=not no_verify,
                               program=not no_program, verify_options=vo)

@@ -60,8 +60,9 @@ from .discrete import Discrete
 from .goal import Goal
 from .memory import Memory
 from .normalizer import Normalizer
+from .visual import Visual
 
-REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Attention(), Body(), Goal(), Continuous(), Discrete(), Memory())
+REGISTRY: Tuple[Block, ...] = (Actor(), Normalizer(), Visual(), Attention(), Body(), Goal(), Continuous(), Discrete(), Memory())
 
 
 def in_stage(stage: str, spec=None) -> List[Block]:

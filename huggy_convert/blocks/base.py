@@ -353,10 +353,17 @@ class OnnxFlow:
     h: Optional[str] = None
     encoded: Dict[int, str] = field(default_factory=dict)
     state: Dict[str, Any] = field(default_factory=dict)
+    current: Optional[int] = None  # the observation being encoded (None: all of a block's at once)
 
     @property
     def spec(self):
         return self.policy.spec
+
+    def observing(self, pairs):
+        """The ``(index, ...)`` pairs an ``onnx_observe`` hook encodes now: the orchestrator calls every
+        observe block once per observation, in observation order, so the nodes come in the order
+        ML-Agents' ObservationEncoder runs its processors (a camera's before a later vector's)."""
+        return [p for p in pairs if self.current is None or p[0] == self.current]
 
     def init(self, canonical: str) -> str:
         """An initializer holding canonical tensor ``canonical``, named as ML-Agents names it (its key)."""

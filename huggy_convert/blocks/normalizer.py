@@ -107,7 +107,7 @@ class Normalizer(Block):
 
     def onnx_observe(self, f: OnnxFlow) -> None:
         g, spec = f.g, f.spec
-        for i, _ in spec.vector_obs:
+        for i, _ in f.observing(spec.vector_obs):
             x = C.OBS_INPUT.format(i=i)
             if spec.normalize:
                 scope = C.SCOPE_NORMALIZER.format(i=i)

@@ -43,6 +43,17 @@ def c_entity(i: int, p: str) -> str:
     return f"obs.{i}.entity_embedding.{p}"
 
 
+def c_visual_conv(i: int, n: int, p: str) -> str:
+    """Camera observation ``i``'s convolution ``n`` (0, 1, ...; simple, nature_cnn, match3: ML-Agents'
+    ``conv_layers.{2n}``; resnet: the stacks' and blocks' convolutions in forward order)."""
+    return f"obs.{i}.visual.conv.{n}.{p}"
+
+
+def c_visual_dense(i: int, p: str) -> str:
+    """Camera observation ``i``'s dense layer (ML-Agents' ``dense.0``, resnet's ``dense``)."""
+    return f"obs.{i}.visual.dense.{p}"
+
+
 C_ATT_SELF_W = "attention.self_encoder.weight"  # ML-Agents' x_self_encoder (Linear + Swish)
 C_ATT_SELF_B = "attention.self_encoder.bias"
 

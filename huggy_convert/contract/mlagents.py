@@ -90,14 +90,41 @@ X_SELF_ENCODER = "network_body.observation_encoder.x_self_encoder.seq_layers.0.{
 RSA_LINEAR = "network_body.observation_encoder.rsa.fc_{n}.{p}"
 RSA_LINEARS = ("q", "k", "v", "out")
 
+# Visual observations (ObservationEncoder: one visual encoder per camera observation, ``h_size`` =
+# hidden_units; encoders.py, utils.py ModelUtils.get_encoder_for_type / MIN_RESOLUTION_FOR_ENCODER)
+VIS_SIMPLE, VIS_NATURE, VIS_RESNET, VIS_MATCH3, VIS_FULLY_CONNECTED = (
+    "simple", "nature_cnn", "resnet", "match3", "fully_connected")  # network_settings.vis_encode_type
+VIS_ENCODE_TYPES = (VIS_SIMPLE, VIS_NATURE, VIS_RESNET, VIS_MATCH3, VIS_FULLY_CONNECTED)
+VIS_MIN_RESOLUTION = {VIS_FULLY_CONNECTED: 1, VIS_MATCH3: 5, VIS_SIMPLE: 20, VIS_NATURE: 36, VIS_RESNET: 15}
+# (out channels, kernel, stride) of each Conv2d of conv_layers (a LeakyReLU after each: Sequential index 2*n)
+VIS_CONVS = {VIS_SIMPLE: ((16, 8, 4), (32, 4, 2)),  # SimpleVisualEncoder
+             VIS_NATURE: ((32, 8, 4), (64, 4, 2), (64, 3, 1)),  # NatureVisualEncoder
+             VIS_MATCH3: ((35, 3, 1), (144, 3, 1)),  # SmallVisualEncoder (King's Candy Crush net)
+             VIS_FULLY_CONNECTED: ()}  # FullyConnectedVisualEncoder: flatten + dense
+# ResNetVisualEncoder: per stack Conv2d(3x3, pad 1), MaxPool2d(3, 2), n_blocks ResNetBlocks (Swish, Conv,
+# Swish, Conv, plus the input); after the stacks a Swish, the dense Linear, ReLU
+VIS_RESNET_CHANNELS = (16, 32, 32)
+VIS_RESNET_BLOCKS = 2
+VIS_RESNET_BLOCK_CONVS = (1, 3)  # ResNetBlock.layers indices of its two Conv2d (Swish at 0 and 2)
+VIS_POOL = (3, 2)  # MaxPool2d kernel, stride; no padding, floor
+LEAKY_RELU_SLOPE = 0.01  # nn.LeakyReLU() default negative_slope
+VIS_PREFIX = "network_body.observation_encoder.processors.{i}."
+VIS_ALIAS_PREFIX = "network_body.processors.{i}."  # the same module under a second name
+VIS_CONV = "conv_layers.{j}.{p}"  # j = 2*conv
+VIS_DENSE = "dense.0.{p}"  # Sequential(linear_layer, LeakyReLU)
+VIS_RESNET_DENSE = "dense.{p}"  # a bare linear_layer, ReLU'd in forward
+VIS_RESNET_CONV = "sequential.{j}.{p}"
+VIS_RESNET_BLOCK_CONV = "sequential.{j}.layers.{k}.{p}"
+VISUAL_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.(conv_layers|dense|sequential)\.(.+)$")
+VISUAL_ALIAS_RE = re.compile(r"^network_body\.processors\.(\d+)\.(conv_layers|dense|sequential)\.(.+)$")
+
 # Keys that are deliberately not part of the exported actor.
 IGNORED_PATTERNS = (
     (re.compile(r"^value_heads\."), "value head of a shared critic (not part of the actor)"),
 )
-# Families we recognise but do not support yet: (pattern, what to say).
-UNSUPPORTED_PATTERNS = (
-    (re.compile(r"\.conv_layers\.|\.processors\.\d+\.(conv|dense|final_flat)|visual"), "visual observations (CNN encoders)"),
-)
+# Families we recognise but do not support yet: (pattern, what to say). None left: every ML-Agents
+# actor family (vector, visual, variable-length, goal-conditioned, LSTM) has its block.
+UNSUPPORTED_PATTERNS: tuple = ()
 
 # Compiled patterns of the keys above (converter.mapping accounts for every key with them).
 NORM_RE = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.normalizer\.(\w+)$")

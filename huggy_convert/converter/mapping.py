@@ -36,6 +36,29 @@ def map_policy_as(sd: Dict[str, object], spec: PolicySpec, path=None) -> MappedP
                       inputs=spec.input_hints())
 
 
+def split_shapes(obs_sizes, inputs, path=None):
+    """``obs_sizes`` may give every observation's shape (``--obs-sizes 3x84x84,6``: a tuple for a
+    camera, an int for a vector): the vectors' widths stay the split, each camera's shape becomes the
+    hint an official ONNX's input would be (which, where there is one, must agree)."""
+    from ..errors import SpecError
+
+    if obs_sizes is None or all(isinstance(s, (int, np.integer)) for s in obs_sizes):
+        return obs_sizes, inputs
+    hints = dict(inputs or {})
+    sizes = []
+    for i, s in enumerate(obs_sizes):
+        shape = (int(s),) if isinstance(s, (int, np.integer)) else tuple(int(d) for d in s)
+        if len(shape) == 1:
+            sizes.append(shape[0])
+            continue
+        have = hints.get(i)
+        if have is not None and tuple(have.dims) != shape:
+            raise SpecError(f"observation sizes give {C.OBS_INPUT.format(i=i)} as {'x'.join(map(str, shape))}, the official "
+                            f"ONNX's input is [batch, {', '.join(map(str, have.dims))}]", path)
+        hints.setdefault(i, blocks.InputHint(shape))
+    return sizes, hints
+
+
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
                goal_obs: Optional[Sequence[int]] = None,
                inputs: Optional[Dict[int, "blocks.InputHint"]] = None) -> MappedPolicy:
@@ -52,6 +75,7 @@ def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[in
         for pat, what in C.UNSUPPORTED_PATTERNS:
             if pat.search(k):
                 raise UnsupportedError(f"not supported yet: {what} (key '{k}')", path)
+    obs_sizes, inputs = split_shapes(obs_sizes, inputs, path)
     r = blocks.KeyRules(sd, path, obs_sizes, inputs)
     if goal_obs is not None:
         r.state["goal_obs"] = tuple(goal_obs)

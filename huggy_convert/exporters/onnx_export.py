@@ -126,8 +126,12 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     rank = {C.c_const(k): n for n, k in enumerate(C.CONSTANT_KEYS)}
     for port in sorted(consts, key=lambda p: rank[p.tensor]):
         g.init(port.init, policy.tensors[port.tensor])
-    for b in blocks.in_stage(blocks.OBSERVE, spec):
-        b.onnx_observe(f)
+    observers = [b for b in blocks.in_stage(blocks.OBSERVE, spec) if b.has("onnx_observe")]
+    for i in range(spec.obs_count):  # ML-Agents' processors run in observation order
+        f.current = i
+        for b in observers:
+            b.onnx_observe(f)
+    f.current = None
     # ML-Agents' ObservationEncoder: the encodings concatenated in observation order, then what the
     # appending blocks (attention) make of them appended after them
     own, appending = blocks.encoding_order(spec)

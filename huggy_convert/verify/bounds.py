@@ -287,6 +287,49 @@ def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
     return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + U32 * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
 
 
+def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool = True) -> Bounded:
+    """A Conv2d (NCHW, square kernel ``k``, ``stride``, zero padding ``pad``, dilation 1, one group):
+    each output element is an inner product of length ``C k k`` plus its bias over the input patch,
+    in any order and any algorithm that sums those products (im2col + GEMM, direct): bounded as
+    :func:`affine` bounds a Linear (``lin``: the weight viewed [out, C k k]). The padding is exact
+    zeros."""
+    v, e = x.v, x.err
+    if pad:
+        widths = ((0, 0), (0, 0), (pad, pad), (pad, pad))
+        v, e = np.pad(v, widths), np.pad(e, widths)
+    rows, ch, h, w = v.shape
+    ho, wo = (h - k) // stride + 1, (w - k) // stride + 1
+
+    def patches(a):
+        win = np.lib.stride_tricks.sliding_window_view(a, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+        return np.array(win[:, :, :ho, :wo].transpose(0, 2, 3, 1, 4, 5), order="C").reshape(rows, ho * wo, ch * k * k)
+
+    out = affine(Bounded(patches(v), patches(e)), lin, bounds)
+    return Bounded(*(np.ascontiguousarray(a.reshape(rows, ho, wo, -1).transpose(0, 3, 1, 2)) for a in (out.v, out.err)))
+
+
+def max_pool(x: Bounded, k: int, stride: int) -> Bounded:
+    """MaxPool2d (no padding, floor): exact on its inputs; ``|max(a + da) - max(a)| <= max |da|`` over
+    the window."""
+    def pool(a):
+        win = np.lib.stride_tricks.sliding_window_view(a, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+        return win.max(axis=(4, 5))
+
+    return Bounded(pool(x.v), pool(x.err))
+
+
+def leaky_relu(x: Bounded, slope: float) -> Bounded:
+    """``x`` or ``slope x`` (slope < 1: 1-Lipschitz); the product rounds once (``u |v|``, and as much
+    again for a kernel whose slope is 0.01 rounded otherwise than the ONNX attribute's float32)."""
+    v = np.where(x.v >= 0, x.v, slope * x.v)
+    return Bounded(v, x.err + 2 * U32 * np.abs(np.minimum(v, 0)))
+
+
+def relu(x: Bounded) -> Bounded:
+    """1-Lipschitz and exact."""
+    return Bounded(np.maximum(x.v, 0.0), x.err)
+
+
 def concat(parts) -> Bounded:
     return Bounded(np.concatenate([p.v for p in parts], axis=1), np.concatenate([p.err for p in parts], axis=1))
 
