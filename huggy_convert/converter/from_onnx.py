@@ -85,12 +85,9 @@ def infer_spec(model, path=None) -> PolicySpec:
     obs = []  # each observation's shape: (n,) a vector, (max_entities, entity_size) a variable-length one
     while C.OBS_INPUT.format(i=len(obs)) in inputs:
         dims = inputs[C.OBS_INPUT.format(i=len(obs))]
-        if len(dims) == 4:  # the names stripped: the input's rank still says which family
-            raise UnsupportedError(f"not supported yet: visual observations (CNN encoders) (input "
-                                   f"{C.OBS_INPUT.format(i=len(obs))!r} {dims[1:]})", path)
-        if len(dims) not in (2, 3) or not all(dims[1:]):
-            raise _not_ml_agents(f"input {C.OBS_INPUT.format(i=len(obs))!r} has the dims {dims}, not [batch, width] "
-                                 "or [batch, entities, features]", path)
+        if len(dims) not in (2, 3, 4) or not all(dims[1:]):
+            raise _not_ml_agents(f"input {C.OBS_INPUT.format(i=len(obs))!r} has the dims {dims}, not [batch, width], "
+                                 "[batch, entities, features] or [batch, C, H, W] (a camera)", path)
         obs.append(tuple(int(d) for d in dims[1:]))
     n_obs = sum(1 for n in inputs if n.startswith(obs_prefix))
     if n_obs != len(obs):
@@ -147,14 +144,41 @@ def infer_spec(model, path=None) -> PolicySpec:
                   attention_export=C.ATTENTION_EXPORT_030 if legacy else C.ATTENTION_EXPORT_110,
                   **({"goal_conditioning": C.GOAL_HYPER, "goal_obs": tuple(goal)} if goal else {}))
     sigmoids = sum(n.op_type == "Sigmoid" for n in g.node)
-    try:  # every body layer (the MLP's, the conditional body's) is one Swish: the rest is the other blocks'
-        one = PolicySpec(num_layers=1, **fields)
-        spec = PolicySpec(num_layers=1 + sigmoids - _count_ops(_template_graph(one, _opset(model), model), "Sigmoid"),
-                          **fields)
-    except HuggyError as exc:
-        raise _not_ml_agents(exc.message, path) from None
-    _check_io(model, spec, path)
-    return spec
+    cameras = [i for i, sh in enumerate(obs) if len(sh) == 3]
+    tried = []
+    for vtype in (_camera_encoders(g, cameras[0]) if cameras else [""]):
+        try:  # every body layer (the MLP's, the conditional body's) is one Swish: the rest is the other blocks'
+            one = PolicySpec(num_layers=1, vis_encode_type=vtype, **fields)
+            spec = PolicySpec(num_layers=1 + sigmoids - _count_ops(_template_graph(one, _opset(model), model), "Sigmoid"),
+                              vis_encode_type=vtype, **fields)
+            if vtype:  # which visual encoder: the one whose graph this is
+                match_graph(model, _template_graph(spec, _opset(model), model), path, collect=True)
+        except HuggyError as exc:
+            tried.append((vtype, exc.message))
+            continue
+        _check_io(model, spec, path)
+        return spec
+    if len(tried) == 1 and not tried[0][0]:
+        raise _not_ml_agents(tried[0][1], path)
+    raise _not_ml_agents(f"no visual encoder of ML-Agents ({', '.join(t for t, _ in tried)}) gives this graph for the "
+                         f"camera {C.OBS_INPUT.format(i=cameras[0])}; as a {tried[0][0]}: "
+                         f"{tried[0][1].replace('not an ML-Agents policy graph: ', '')}", path)
+
+
+def _camera_encoders(g, i: int) -> List[str]:
+    """ML-Agents' visual encoders, the likeliest first for the node that reads camera ``i``: a Reshape
+    (fully_connected), a Conv 8x8 (simple, nature_cnn), 3x3 padded (resnet) or not (match3)."""
+    name = C.OBS_INPUT.format(i=i)
+    first = next((n for n in g.node if name in n.input), None)
+    order = []
+    if first is not None and first.op_type == "Reshape":
+        order = [C.VIS_FULLY_CONNECTED]
+    elif first is not None and first.op_type == "Conv":
+        a = _attrs(first)
+        k, pads = list(a.get("kernel_shape", [])), list(a.get("pads", [0]))
+        order = [t for t in (C.VIS_SIMPLE, C.VIS_NATURE, C.VIS_MATCH3) if [C.VIS_CONVS[t][0][1]] * 2 == k and not any(pads)]
+        order += [C.VIS_RESNET] if k == [3, 3] and any(pads) else []
+    return order + [t for t in C.VIS_ENCODE_TYPES if t not in order]
 
 
 def _features_width(g, producer, constant_behind, memory: int, path) -> int:

@@ -37,6 +37,16 @@ def _npu_available() -> bool:
     return bool(getattr(torch, "npu", None) and torch.npu.is_available())
 
 
+def strict_float32() -> None:
+    """float32 on CUDA means float32: TF32 off for cuDNN convolutions (on by default in torch: a 10-bit
+    mantissa, errors ~1e-3, far past the derived bounds of a camera's encoder) and for matmuls (off by
+    default; set explicitly). Process-wide torch flags, set wherever a CUDA device is resolved."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def resolve_device(name: str) -> str:
     """``cpu``, ``cuda[:i]``, ``npu[:i]`` or ``auto`` (npu, then cuda, then cpu) -> a torch device string."""
     import torch
@@ -45,12 +55,16 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         if _npu_available():
             return "npu"
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            strict_float32()
+            return "cuda"
+        return "cpu"
     if base == "cpu":
         return name
     if base == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError("device 'cuda' asked for, but torch sees no CUDA device here")
+        strict_float32()
         return name
     if base == "npu":
         try:
