@@ -276,7 +276,7 @@ class Visual(Block):
         return spec.hidden_units * len(cameras(spec))
 
     def encoders(self, spec) -> List[Dict[str, object]]:
-        return [{"inputs": [C.OBS_INPUT.format(i=i)], "kind": "visual", "shape": list(shape),
+        return [{"inputs": [C.OBS_INPUT.format(i=i)], "kind": "visual", "shape": [list(shape)],
                  "encoder": _describe(spec.vis_encode_type, shape, spec.hidden_units) + "; NCHW input",
                  "width": spec.hidden_units, "parameters": self._count(spec, shape)} for i, shape in cameras(spec)]
 

@@ -43,6 +43,8 @@ def spec_dict(spec) -> Dict[str, object]:
         d["obs_shapes"] = [list(s) for s in spec.obs_shapes]
     if spec.attention_export != C.ATTENTION_EXPORT_110:
         d["attention_export"] = spec.attention_export
+    if spec.vis_encode_type:
+        d["vis_encode_type"] = spec.vis_encode_type
     return d
 
 
@@ -50,7 +52,7 @@ def counted_parameters(src: Source) -> Dict[str, int]:
     """Parameter counts from the spec's formula and, independently, from the tensors themselves."""
     if src.kind == KIND_ONNX:
         lin, total = src.onnx_view.parameter_counts()
-        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/MatMul/Add)"}
+        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/MatMul/Conv/Add)"}
     spec, T = src.spec, src.policy.tensors
     sig = sum(int(v.size) for k, v in T.items() if k.startswith(C.C_LOG_SIGMA))
     norm = {C.c_norm(i, f) for i, _ in spec.vector_obs for f in C.NORM_FIELDS} | {C.c_divisor(i) for i, _ in spec.vector_obs}

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import contract as C
 from ..converter import Checkpoint, Policy, PolicySpec
-from ..converter.spec import OBS_ENTITY, OBS_VECTOR
+from ..converter.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL
 from ..converter.checkpoint import load_npz, read_input_file
 from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
@@ -128,12 +128,12 @@ class OnnxView:
         return None, None
 
     def parameter_counts(self) -> Tuple[int, int]:
-        """(linear layers incl. LSTM, + log_sigma) from the graph's Gemm/LSTM/MatMul/Add initializers
+        """(linear layers incl. LSTM and convolutions, + log_sigma) from the graph's Gemm/LSTM/MatMul/Conv/Add initializers
         (a Linear on a 3-D input is a MatMul and an Add of its bias; the other Add of an initializer
         is PPO's log_sigma; the 0-d exponents of 0.30's Pow are no parameters)."""
         lin, sig = 0, 0
         for n in self.model.graph.node:
-            if n.op_type in ("Gemm", "LSTM", "MatMul"):
+            if n.op_type in ("Gemm", "LSTM", "MatMul", "Conv"):
                 size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
                 if C.SCOPE_LOG_SIGMA_MARK in n.name or (n.op_type == "Gemm" and C.SCOPE_LOG_SIGMA_MARK in n.input[1]):
                     sig += size
@@ -306,9 +306,19 @@ def _as_rows(a, dims, name: str, path: Path, what: str = "") -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _describe_input(spec: PolicySpec, i: int) -> str:
-    """What observation ``i`` is, for an input-shape error."""
+def _describe_input(spec: PolicySpec, i: int, given=None) -> str:
+    """What observation ``i`` is, for an input-shape error (``given``: the shape given, to recognise an
+    image in HWC where NCHW belongs)."""
     shape = spec.obs_shape(i)
+    if spec.obs_kind(i) == OBS_VISUAL:
+        c, h, w = shape
+        hint = ""
+        if given is not None and tuple(given[-3:]) == (h, w, c) and (h, w, c) != (c, h, w):
+            hint = ": this one is HWC (channels last), transpose it to NCHW, e.g. x.transpose(0, 3, 1, 2)"
+        elif given is not None and len(given) in (3, 4) and tuple(given[-3:]) != (c, h, w):
+            hint = f": a {'x'.join(map(str, given[-3:]))} image is not this policy's {c}x{h}x{w}"
+        return (f"a camera of {c} channels, {h}x{w} pixels, fed channels first (NCHW) as Unity feeds it, "
+                f"to a {spec.vis_encode_type} encoder{hint}")
     if spec.obs_kind(i) == OBS_ENTITY:
         return (f"a variable-length observation: up to {shape[0]} entities of {shape[1]} features; an entity "
                 f"whose squared features sum below {C.ENTITY_MASK_BELOW} is padding")
@@ -343,7 +353,7 @@ def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.n
         k = C.OBS_INPUT.format(i=i)
         if k not in d:
             raise InputError(f"missing input '{k}'", path)
-        out[k] = _as_rows(d[k], spec.obs_shape(i), k, path, _describe_input(spec, i))
+        out[k] = _as_rows(d[k], spec.obs_shape(i), k, path, _describe_input(spec, i, np.shape(d[k])))
     if C.ACTION_MASKS in d:
         out[C.ACTION_MASKS] = _as_rows(d[C.ACTION_MASKS], spec.discrete_total, C.ACTION_MASKS, path)
     if C.RECURRENT_IN in d:

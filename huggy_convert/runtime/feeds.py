@@ -48,10 +48,13 @@ def random_obs(scales: Sequence[Tuple[np.ndarray, np.ndarray]], rows: int, seed:
     """Observations at the normalizer's scale: ``mean + divisor * z``, z ~ N(0, 1) from
     ``numpy.random.default_rng(seed)``; ``scales``: per observation (running_mean, divisor) as float32
     (zeros and ones without a normalizer); ``shapes``: each observation's shape, where not a vector
-    (an entity set: every entity real)."""
+    (an entity set: every entity real; a camera (C, H, W): pixels uniform in [0, 1), as Unity sends them)."""
     rng = np.random.default_rng(seed)
     feed = {}
     for i, (mean, div) in enumerate(scales):
+        if shapes and len(shapes[i]) == 3:
+            feed[C.OBS_INPUT.format(i=i)] = rng.random((rows,) + tuple(shapes[i])).astype(np.float32)
+            continue
         z = rng.standard_normal((rows, mean.size))
         x = (mean.astype(np.float64) + div.astype(np.float64) * z).astype(np.float32)
         feed[C.OBS_INPUT.format(i=i)] = x.reshape((rows,) + tuple(shapes[i])) if shapes else x
