@@ -127,7 +127,7 @@ def test_steps_beyond_float32_exact_range_keep_the_exact_count(huggy_ckpt, tmp_p
     (lambda p: p.__setitem__("network_body.processors.0.normalizer.running_mean",
                              p["network_body.processors.0.normalizer.running_mean"] + 1), "differs from its twin"),
     (lambda p: p.__setitem__("network_body.observation_encoder.processors.0.conv_layers.0.weight", torch.zeros(2)),
-     "not supported yet: visual observations"),
+     "are none of ML-Agents' visual encoders"),
     (lambda p: p.__setitem__("version_number", torch.tensor([2.0])), "not supported yet: model export version"),
 ])
 def test_inconsistent_or_unsupported_policies_are_named(huggy_ckpt, tmp_path, mutate, message):
@@ -160,7 +160,14 @@ def test_observation_shapes_in_the_spec():
     vec = PolicySpec(obs_sizes=(4, 3), **base)
     assert "obs_shapes" not in vec.to_json()
     assert vec.vector_obs == [(0, 4), (1, 3)] and vec.obs_kind(1) == "vector"
-    mixed = PolicySpec(obs_sizes=(300, 4, 30), obs_shapes=((3, 10, 10), (4,), (6, 5)), **base)
+    mixed = PolicySpec(obs_sizes=(300, 4, 30), obs_shapes=((3, 10, 10), (4,), (6, 5)), vis_encode_type="match3", **base)
+    assert '"vis_encode_type":"match3"' in mixed.to_json() and "vis_encode_type" not in vec.to_json()
+    with _pytest.raises(SpecError, match="smaller than the simple encoder's minimum 20x20"):
+        PolicySpec(obs_sizes=(300,), obs_shapes=((3, 10, 10),), vis_encode_type="simple", **base)
+    with _pytest.raises(SpecError, match="'vis_encode_type' is ''"):
+        PolicySpec(obs_sizes=(300,), obs_shapes=((3, 10, 10),), **base)
+    with _pytest.raises(SpecError, match="without a visual observation"):
+        PolicySpec(obs_sizes=(4,), vis_encode_type="simple", **base)
     assert [mixed.obs_kind(i) for i in range(3)] == ["visual", "vector", "entity"]
     assert mixed.vector_obs == [(1, 4)] and mixed.obs_total == 4
     assert mixed.observations("visual") == [(0, (3, 10, 10))]
@@ -168,8 +175,8 @@ def test_observation_shapes_in_the_spec():
     assert again == mixed and hash(again) == hash(mixed)
     assert "3x10x10+4+6x5" in mixed.family
     with _pytest.raises(SpecError, match="entry 0 .* does not hold obs_sizes"):
-        PolicySpec(obs_sizes=(301, 4), obs_shapes=((3, 10, 10), (4,)), **base)
+        PolicySpec(obs_sizes=(301, 4), obs_shapes=((3, 10, 10), (4,)), vis_encode_type="match3", **base)
     with _pytest.raises(SpecError, match="one shape per observation"):
-        PolicySpec(obs_sizes=(300, 4), obs_shapes=((3, 10, 10),), **base)
+        PolicySpec(obs_sizes=(300, 4), obs_shapes=((3, 10, 10),), vis_encode_type="match3", **base)
     with _pytest.raises(SpecError, match="1 to 3 dimensions"):
         PolicySpec(obs_sizes=(300,), obs_shapes=((3, 10, 10, 1),), **base)
