@@ -121,11 +121,11 @@ def test_the_scan_catches_a_literal_and_an_fstring_part(tmp_path):
 
 def test_registry_is_explicit_and_staged():
     names = [b.name for b in blocks.REGISTRY]
-    assert names == ["actor", "normalizer", "attention", "body", "goal", "continuous", "discrete", "memory"]
+    assert names == ["actor", "normalizer", "visual", "attention", "body", "goal", "continuous", "discrete", "memory"]
     assert len(set(names)) == len(names)
     assert all(b.stage in blocks.STAGES for b in blocks.REGISTRY)
     order = [b.name for b in blocks.compute_order()]
-    assert order == ["actor", "normalizer", "attention", "body", "goal", "memory", "continuous", "discrete"]  # memory feeds the heads
+    assert order == ["actor", "normalizer", "visual", "attention", "body", "goal", "memory", "continuous", "discrete"]  # memory feeds the heads
 
 
 def test_one_file_per_block():
