@@ -329,3 +329,20 @@ def test_a_camera_key_out_of_place_is_named(fx, tmp_path):
     del sd[C.VIS_PREFIX.format(i=0) + "dense.weight"]
     with pytest.raises(SpecError, match=r"missing key '.*processors\.0\.dense\.weight'"):
         map_policy(sd, inputs=input_hints(off))
+
+
+def test_batch_and_matrix_cover_a_camera_run(tmp_path):
+    """A camera run directory through the batch (every checkpoint PASS, the deployed ONNX recognised),
+    and the matrix's observation, ONNX and export groups on a camera + vector checkpoint: no failure."""
+    from huggy_convert.modes.matrix import run_matrix
+
+    out = tmp_path / "batch"
+    r = run_cli(FAMILIES / "visual_fully_connected", out, "--json", "--jobs", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["summary"]["failed"] == 0 and m["checkpoints"]
+    assert all(e["verify"]["verdict"] == "PASS" for e in m["checkpoints"] if e.get("verify"))
+    res = run_matrix(tmp_path / "m", quick=True, source=_step("visual_vector")[0], only=["2", "6", "10"], echo=False)
+    cases = res.data["cases"]
+    assert res.ok and not [c for c in cases if c["verdict"] == "FAIL"]
+    assert sum(c["verdict"] == "PASS" for c in cases) >= 20
