@@ -464,3 +464,36 @@ def test_converting_into_the_checkpoints_own_folder_overwrites_nothing(tmp_path)
     r = invoke(run / f"{STEM}.pt", run)
     assert r.exit_code == 2 and f"{STEM}.onnx would overwrite {STEM}.onnx" in r.stderr, r.output
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_fingerprints_do_not_depend_on_the_thread_count(converted):
+    """Check 5's fingerprints are the same whatever torch's thread count (issue 15): each action is one
+    row's own forward, run on runtime.VERIFY_THREADS threads. The unscoped forwards give the same
+    bytes on 1 and 2 threads too (so a conversion on 2 threads, as before, wrote the same report), and
+    the process's setting is left as it was. In CI under both MKL paths (MKL_CBWR)."""
+    import torch
+
+    from huggy_convert.converter import load_policy
+    from huggy_convert.exporters.torch_module import build_module
+    from huggy_convert.runtime import OrtRunner, module_runner
+    from huggy_convert.runtime.feeds import make_probes
+    from huggy_convert.verify.checks import _fingerprint, fingerprint, reference_fingerprint
+
+    pol = load_policy(converted / f"{STEM}.safetensors")
+    torch_run = module_runner(build_module(pol))
+    ort_run = OrtRunner((converted / f"{STEM}.onnx").read_bytes(), spec=pol.spec).infer
+    recorded = json.loads((converted / f"{STEM}.verify.json").read_text())["checks"][4]["figures"]["fingerprints"]
+    before = torch.get_num_threads()
+    seen = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            seen[n] = (fingerprint(torch_run, pol, 64), fingerprint(ort_run, pol, 64), reference_fingerprint(pol, 64),
+                       _fingerprint(torch_run, make_probes(pol, rows=64, seed=0), pol, 64))  # on n threads
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    assert seen[1] == seen[2]
+    assert seen[1][0] == seen[1][3] == recorded["64"]["torch_cpu_float32"]
+    assert seen[1][1] == recorded["64"]["onnxruntime_rebuilt"] and seen[1][2] == recorded["64"]["reference"]
+    assert len({seen[1][0], seen[1][1], seen[1][2]}) == 3  # three runtimes, three different hashes
