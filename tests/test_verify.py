@@ -497,3 +497,31 @@ def test_fingerprints_do_not_depend_on_the_thread_count(converted):
     assert seen[1][0] == seen[1][3] == recorded["64"]["torch_cpu_float32"]
     assert seen[1][1] == recorded["64"]["onnxruntime_rebuilt"] and seen[1][2] == recorded["64"]["reference"]
     assert len({seen[1][0], seen[1][1], seen[1][2]}) == 3  # three runtimes, three different hashes
+
+
+def test_a_report_does_not_depend_on_the_thread_count(tmp_path):
+    """Verification runs torch on runtime.VERIFY_THREADS threads whatever the process's count, so a
+    conversion on 1 and on 2 threads writes the same files, the report's figures included (its
+    environment records the process's setting: that field aside). Under MKL_CBWR=AVX2 the 64-row
+    GEMMs (module and float64 reference) differ in their last bits between 1 and 2 threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            res = convert_one(HUGGY, tmp_path / str(n), ConvertOptions(program=False, verify_options=VerifyOptions(
+                fingerprint_steps=(16,))))
+            assert res.report.ok and torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    names = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "2").iterdir()) and len(names) == 4
+    for name in names:
+        a, b = ((tmp_path / d / name).read_bytes() for d in ("1", "2"))
+        if name.endswith(".verify.json"):
+            ja, jb = json.loads(a), json.loads(b)
+            assert (ja["environment"].pop("torch_threads"), jb["environment"].pop("torch_threads")) == (1, 2)
+            assert ja == jb
+        else:
+            assert a == b, name
