@@ -1,6 +1,7 @@
 """The runtime layer: every backend is a Runner with infer(feed) and sample(feed, seed or noise)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -82,3 +83,43 @@ def test_one_session_factory_one_program_loader_one_torch_load():
     assert pickles == ["converter/checkpoint.py"], pickles
     text = (PACKAGE / "converter" / "checkpoint.py").read_text()
     assert len(re.findall(r"\btorch\.load\(", text)) == 1 and "weights_only=True" in text
+
+
+def test_torch_threads_is_scoped():
+    """runtime.torch_threads: torch on n threads inside, the earlier count back after (an error too)."""
+    import torch
+
+    from huggy_convert.runtime import VERIFY_THREADS, torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1 == VERIFY_THREADS
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ZeroDivisionError):
+            with torch_threads(1):
+                1 / 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_conversion_without_program_imports_no_torch_dynamo(tmp_path):
+    """torch._dynamo (~1 s to import) is what torch.export needs: only a .pt2 written or loaded imports
+    it. A verified --no-program conversion in a fresh interpreter does not; the process's torch thread
+    count is the same after the verification as before it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from huggy_convert.cli import main\n"
+            "n = torch.get_num_threads()\n"
+            "try:\n    main(sys.argv[1:], standalone_mode=False)\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch._dynamo' in sys.modules, 'torch.export._trace' in sys.modules, 'sympy' in sys.modules, "
+            "torch.get_num_threads() == n)")
+    r = subprocess.run([sys.executable, "-c", code, str(HUGGY), str(tmp_path), "--no-program", "--json"],
+                       capture_output=True, text=True, cwd=str(PACKAGE.parent))
+    assert r.returncode == 0, r.stderr[-500:]
+    assert r.stdout.strip().splitlines()[-1] == "False False False True", r.stdout[-300:]
+    assert json.loads(r.stdout[:r.stdout.rindex("}") + 1])["verify"]["verdict"] == "PASS"
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".npz", ".onnx", ".safetensors"]

@@ -464,3 +464,64 @@ def test_converting_into_the_checkpoints_own_folder_overwrites_nothing(tmp_path)
     r = invoke(run / f"{STEM}.pt", run)
     assert r.exit_code == 2 and f"{STEM}.onnx would overwrite {STEM}.onnx" in r.stderr, r.output
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_fingerprints_do_not_depend_on_the_thread_count(converted):
+    """Check 5's fingerprints are the same whatever torch's thread count (issue 15): each action is one
+    row's own forward, run on runtime.VERIFY_THREADS threads. The unscoped forwards give the same
+    bytes on 1 and 2 threads too (so a conversion on 2 threads, as before, wrote the same report), and
+    the process's setting is left as it was. In CI under both MKL paths (MKL_CBWR)."""
+    import torch
+
+    from huggy_convert.converter import load_policy
+    from huggy_convert.exporters.torch_module import build_module
+    from huggy_convert.runtime import OrtRunner, module_runner
+    from huggy_convert.runtime.feeds import make_probes
+    from huggy_convert.verify.checks import _fingerprint, fingerprint, reference_fingerprint
+
+    pol = load_policy(converted / f"{STEM}.safetensors")
+    torch_run = module_runner(build_module(pol))
+    ort_run = OrtRunner((converted / f"{STEM}.onnx").read_bytes(), spec=pol.spec).infer
+    recorded = json.loads((converted / f"{STEM}.verify.json").read_text())["checks"][4]["figures"]["fingerprints"]
+    before = torch.get_num_threads()
+    seen = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            seen[n] = (fingerprint(torch_run, pol, 64), fingerprint(ort_run, pol, 64), reference_fingerprint(pol, 64),
+                       _fingerprint(torch_run, make_probes(pol, rows=64, seed=0), pol, 64))  # on n threads
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    assert seen[1] == seen[2]
+    assert seen[1][0] == seen[1][3] == recorded["64"]["torch_cpu_float32"]
+    assert seen[1][1] == recorded["64"]["onnxruntime_rebuilt"] and seen[1][2] == recorded["64"]["reference"]
+    assert len({seen[1][0], seen[1][1], seen[1][2]}) == 3  # three runtimes, three different hashes
+
+
+def test_a_report_does_not_depend_on_the_thread_count(tmp_path):
+    """Verification runs torch on runtime.VERIFY_THREADS threads whatever the process's count, so a
+    conversion on 1 and on 2 threads writes the same files, the report's figures included (its
+    environment records the process's setting: that field aside). Under MKL_CBWR=AVX2 the 64-row
+    GEMMs (module and float64 reference) differ in their last bits between 1 and 2 threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            res = convert_one(HUGGY, tmp_path / str(n), ConvertOptions(program=False, verify_options=VerifyOptions(
+                fingerprint_steps=(16,))))
+            assert res.report.ok and torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    names = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "2").iterdir()) and len(names) == 4
+    for name in names:
+        a, b = ((tmp_path / d / name).read_bytes() for d in ("1", "2"))
+        if name.endswith(".verify.json"):
+            ja, jb = json.loads(a), json.loads(b)
+            assert (ja["environment"].pop("torch_threads"), jb["environment"].pop("torch_threads")) == (1, 2)
+            assert ja == jb
+        else:
+            assert a == b, name

@@ -50,17 +50,12 @@ def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[
     torch and onnxruntime both run ``threads`` intra-op threads (torch's setting is restored after)."""
     if threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    torch = None
-    if RUNTIME_TORCH in runtimes:
-        import torch
-
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    if RUNTIME_TORCH not in runtimes:
         return _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads)
-    finally:
-        if torch is not None:
-            torch.set_num_threads(before)
+    from ..runtime import torch_threads
+
+    with torch_threads(threads):
+        return _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads)
 
 
 def _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads) -> ModeResult:

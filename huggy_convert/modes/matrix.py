@@ -385,9 +385,9 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
     """Run the table on ``source`` (a checkpoint or run directory; see :func:`resolve_target`), write
     OUT/matrix.log and OUT/matrix.json."""
     import click
-    import torch
 
     from ..converter import atomic_write_bytes
+    from ..runtime import torch_threads
     from .info import environment
 
     target = resolve_target(source, fixtures)
@@ -396,7 +396,6 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
     m = Matrix(out, target, quick)
     m.src(target.ck)  # a checkpoint that does not load is bad input (exit 2), not a hundred failed cases
     env = environment()
-    threads = torch.get_num_threads()
     head = [f"# huggy-convert matrix ({'quick' if quick else 'full'}): {len(m.cases)} cases in {len(GROUPS)} groups; "
             f"input {target.label}",
             f"# environment: torch {env['torch']}, onnx {env['onnx']}, onnxruntime {env['onnxruntime']}, "
@@ -423,11 +422,8 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
 
     # one intra-op thread, like the onnxruntime reference sessions: the same figures on every
     # run, and no collapse when the cores are shared (torch's spinning threads are 40x slower then)
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         m.run(only, echo=on_case)
-    finally:
-        torch.set_num_threads(threads)
     s = m.summary()
     total = time.perf_counter() - t0
     emit(f"# summary: {s['cases']} cases, {s['groups']} groups: {s['pass']} PASS, {s['fail']} FAIL, {s['skip']} SKIP")

@@ -465,6 +465,7 @@ def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=No
     policy's bounds.Float64Policy, when the caller has one."""
     from .bounds import Float64Policy
     from ..runtime.feeds import make_probes
+    from ..runtime.threads import torch_threads
 
     ref = prepared or Float64Policy(policy)
     if policy.spec.memory_size:
@@ -472,7 +473,8 @@ def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=No
     feed = make_probes(policy, rows=steps, seed=seed)
     if policy.spec.discrete_branches:
         feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
-    out = ref.values32(feed)
+    with torch_threads():
+        out = ref.values32(feed)
     h = hashlib.sha256()
     for t in range(steps):
         for name in (C.OUT_CONT_DET, C.OUT_DISC_DET):
@@ -485,10 +487,17 @@ def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0) -> str:
     """sha256 over the float32 bytes of a seeded ``steps``-long action sequence.
 
     Observation t is drawn from ``default_rng(seed)`` at the normalizer's scale; an LSTM's
-    memory is fed back; discrete masks allow everything."""
+    memory is fed back; discrete masks allow everything. Row by row, torch on
+    ``runtime.VERIFY_THREADS`` threads (``runtime.torch_threads``): each action is one row's own
+    forward, so neither the batch nor the process's thread count enters the bytes hashed."""
     from ..runtime.feeds import make_probes
+    from ..runtime.threads import torch_threads
 
-    feed_all = make_probes(policy, rows=steps, seed=seed)
+    with torch_threads():
+        return _fingerprint(step_fn, make_probes(policy, rows=steps, seed=seed), policy, steps)
+
+
+def _fingerprint(step_fn, feed_all, policy: Policy, steps: int) -> str:
     h = hashlib.sha256()
     mem = np.zeros((1, 1, policy.spec.memory_size), np.float32) if policy.spec.memory_size else None
     for t in range(steps):

@@ -24,8 +24,8 @@ from ..converter.reference import divisor_record, official_divisors
 from ..exporters.onnx_export import model_bytes, with_noise_input
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
-from ..runtime import (INTRA_OP_THREADS, OrtRunner, cann_available, module_runner, ort_run, ort_session,
-                       program_runner)
+from ..runtime import (INTRA_OP_THREADS, VERIFY_THREADS, OrtRunner, cann_available, module_runner, ort_run,
+                       ort_session, program_runner, torch_threads)
 from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
 from .bounds import Float64Policy, within_both
@@ -472,14 +472,23 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     re-verification) they are taken from the report beside the files, and the ``.onnx``/``.pt2`` are
     regenerated from the ``.safetensors`` and compared byte for byte. ``golden``: put the golden
     file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
-    built ones."""
-    from ..converter.checkpoint import read_input_file
-    from ..converter.policy_file import loads
+    built ones.
 
-    ref = reference or Reference()
+    torch runs on ``runtime.VERIFY_THREADS`` intra-op threads throughout (``runtime.threads``: small
+    forwards, fastest on one thread and unslowed by shared cores); the report's environment records
+    the process's own setting."""
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
+    with torch_threads(VERIFY_THREADS):
+        return _verify(rep, artifacts, reference or Reference(), o, devices, written, writer, golden, extra_modules)
+
+
+def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOptions, devices: List[str],
+            written: Optional[Dict[str, str]], writer, golden: bool, extra_modules: Sequence) -> Report:
+    from ..converter.checkpoint import read_input_file
+    from ..converter.policy_file import loads
+
     try:  # each file read once: what the checks below run and compare is these bytes
         files = {kind: read_input_file(artifacts.path(kind), artifacts.name(kind))
                  for kind in BUILT if kind == SAFETENSORS or artifacts.exists(kind)}
