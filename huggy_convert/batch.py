@@ -80,7 +80,6 @@ import os
 import sys
 import time
 import warnings
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,6 +103,7 @@ from .host import host_info
 from .pipeline import ConvertOptions, convert_one
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .verify.engine import CHECK_IDS
+from .workers import Pool, shared
 
 MANIFEST_JSON = "manifest.json"
 MANIFEST_CSV = "manifest.csv"
@@ -308,6 +308,45 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry.update(status=ERROR, run=FAILED, error=_one_line(exc, item.path))
     entry["seconds"] = round(time.perf_counter() - t0, 3)
     return entry
+
+
+def _convert_task(item: Item):
+    """A worker's task: ``convert_item`` with the context the parent set before forking; returns the
+    entry and the ``.pt2`` writer's notes (both plain data)."""
+    ctx = shared()["ctx"]
+    with EXPORT_GATE.shared():  # threads: torch.export runs alone (a process has one thread)
+        return convert_item(item, ctx), list(ctx.writer.notes)
+
+
+def _alias_task(item: Item, candidates):
+    ctx = shared()["ctx"]
+    with EXPORT_GATE.shared():
+        return check_alias(item, ctx, candidates), list(ctx.writer.notes)
+
+
+def warm_up(items: List[Item], ctx: _Context) -> None:
+    """In the parent, before the workers fork: every module the work imports, and the ``.pt2``
+    template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
+    are then paid once, not once per worker). A checkpoint that does not load is left to its task."""
+    import onnxruntime  # noqa: F401
+    import safetensors.torch  # noqa: F401
+
+    from . import verify  # noqa: F401
+    from .exporters import onnx_export, torch_module  # noqa: F401
+    from .pipeline import default_reference, prepare_conversion
+    from .runtime import ort  # noqa: F401
+    from .verify import engine  # noqa: F401
+
+    if not ctx.options.program or not items:
+        return
+    try:
+        it = items[0]
+        ckpt = read_checkpoint(it.path, read_input_file(it.path), "")
+        prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
+        ctx.writer.program_bytes(prep.conversion.policy)
+        import torch._dynamo  # noqa: F401  (what torch.export.load needs too)
+    except Exception:  # noqa: BLE001 - its task reports it
+        pass
 
 
 def _profile_note(full: bool, ctx: _Context) -> str:
@@ -521,7 +560,7 @@ def batch_profiles(options: ConvertOptions):
 
 
 def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optional[int] = None, force: bool = False,
-              as_json: bool = False) -> int:
+              as_json: bool = False, processes: bool = True) -> int:
     """Convert every checkpoint under ``source`` into ``out``; returns the exit code."""
     t0 = time.perf_counter()
     o = options or ConvertOptions()
@@ -547,7 +586,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         check_devices(getattr(o.verify_options, "devices", None))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
-        return _run_batch(source, out, o, found, jobs, force, as_json, t0)
+        return _run_batch(source, out, o, found, jobs, force, as_json, t0, processes)
 
 
 def _runs_record(found, out: Path) -> List[dict]:
@@ -558,7 +597,8 @@ def _runs_record(found, out: Path) -> List[dict]:
              "checkpoints": r.checkpoints, "deployed": [d.rel for d in r.deployed]} for r in found.runs]
 
 
-def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, as_json: bool, t0: float) -> int:
+def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, as_json: bool, t0: float,
+               processes: bool = True) -> int:
     import torch
 
     root, status, items, warns = found.root, found.status, found.items, found.warnings
@@ -587,7 +627,6 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
     for w in warns:
         click.echo(f"huggy-convert: warning: {w}", err=True)
     writer = ProgramWriter(fast=True)
-    gate = EXPORT_GATE
     ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, writer=writer)
     manifest = Manifest(out, header)
     for i, it in enumerate(items):
@@ -608,12 +647,6 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
             bar.update(1)
         manifest.maybe_write()
 
-    def shared(fn):
-        def call(*args):
-            with gate.shared():
-                return fn(*args)
-        return call
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one torch thread per worker: the workers are the parallelism
     aliases = [it for it in items if it.kind == "checkpoint"]
@@ -624,6 +657,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
     quiet = warnings.catch_warnings()  # entered and left by this thread only; the workers see its filter
     quiet.__enter__()
     warnings.simplefilter("ignore")  # torch's warnings would break the one-line errors
+    notes: List[str] = []
+    pool = None
     try:
         for it in work:
             if it.missing:
@@ -631,31 +666,31 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
                 e.update(status=MISSING, run=FAILED,
                          error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {source}")
                 report(e)
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="huggy-batch") as pool:
-            def run(tasks):
-                """Bounded submission (2 x jobs in flight); entries are handled as they come."""
-                pending = set()
-                queue = list(reversed(tasks))
-                while queue or pending:
-                    while queue and len(pending) < 2 * jobs:
-                        fn, args = queue.pop()
-                        pending.add(pool.submit(shared(fn), *args))
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        report(f.result())
+        todo = [it for it in work if not it.missing]
+        pool = Pool(jobs, {"ctx": ctx}, warm=lambda: warm_up(todo, ctx), processes=processes)
 
-            run([(convert_item, (it, ctx)) for it in work if not it.missing and not it.newest])
-            # the newest of each behavior (full profile, whose .pt2 check runs torch.export.load) alone
-            for it in work:
-                if it.newest:
-                    report(convert_item(it, ctx))
-            tasks = []
-            for it in aliases:
-                folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
-                newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
-                cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
-                tasks.append((check_alias, (it, ctx, cands)))
-            run(tasks)
+        def run(tasks, subjects):
+            for i, ok, res in pool.run(tasks):
+                if ok:
+                    entry, more = res
+                    notes.extend(n for n in more if n not in notes)
+                else:  # only a worker's death reaches here: every task catches its own errors
+                    entry = _base_entry(subjects[i])
+                    entry.update(status=ERROR, run=FAILED, error=f"{subjects[i].path}: {res}")
+                report(entry)
+
+        # the newest of each behavior first (the full profile: the longest task), then the others
+        ordered = sorted(todo, key=lambda it: not it.newest)
+        run([(_convert_task, (it,)) for it in ordered], ordered)
+        tasks = []
+        for it in aliases:
+            folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
+            newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
+            cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
+            tasks.append((_alias_task, (it, cands)))
+        run(tasks, aliases)
+        pool.close()
+        mode = pool.describe()
         for dep in (d for r in found.runs for d in r.deployed):  # the run-root <Behavior>.onnx files
             d = check_deployed(dep, items, results, out, o.verify, light)
             manifest.deployed.append(d)
@@ -663,6 +698,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
                 click.echo(f"huggy-convert: {'error' if d['status'] == ERROR else 'verification failed'}: "
                            f"{d['error']}", err=True)
     finally:
+        if pool is not None:
+            pool.close(interrupted=sys.exc_info()[0] is not None)
         quiet.__exit__(None, None, None)
         torch.set_num_threads(threads)
         if bar_ctx:
@@ -671,7 +708,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
         summary = _summary(entries, time.perf_counter() - t0, jobs, manifest.deployed) \
             if len(entries) == len(items) else None
         if summary is not None:
-            summary["warnings"] = warns + writer.notes
+            summary["warnings"] = warns + [n for n in writer.notes if n not in notes] + notes
+            summary["workers"] = pool.describe() if pool is not None else None
             summary["runs"] = header["runs"]
             for r, rec in zip(found.runs, summary["runs"]):
                 b = _best([results[it.rel] for it in items if it.sub == r.sub and it.rel in results])
@@ -695,5 +733,5 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
         for d in manifest.deployed:
             click.echo(f"  {describe_deployed(d)}")
         click.echo(f"  manifest: {out / MANIFEST_JSON}, {out / MANIFEST_CSV}")
-        click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {jobs} workers)")
+        click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {mode})")
     return summary["exit_code"]
