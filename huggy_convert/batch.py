@@ -667,7 +667,11 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
                          error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {source}")
                 report(e)
         todo = [it for it in work if not it.missing]
-        pool = Pool(jobs, {"ctx": ctx}, warm=lambda: warm_up(todo, ctx), processes=processes)
+        # the .pt2 template is traced before the fork unless every checkpoint is likely to be skipped
+        # (each has a verified entry in the manifest; a worker traces for itself if it must convert)
+        likely_skipped = all((previous.get(it.rel) or {}).get("status") == OK for it in todo)
+        pool = Pool(jobs, {"ctx": ctx}, warm=lambda: warm_up([] if likely_skipped else todo, ctx),
+                    processes=processes)
 
         def run(tasks, subjects):
             for i, ok, res in pool.run(tasks):
@@ -735,3 +739,141 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
         click.echo(f"  manifest: {out / MANIFEST_JSON}, {out / MANIFEST_CSV}")
         click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {mode})")
     return summary["exit_code"]
+
+
+# --- verify OUT/ over the worker pool -----------------------------------------------------------
+RECORDED, FULL = "recorded", "full"
+
+
+def recorded_profiles(out: Path) -> Dict[str, str]:
+    """``<stem path below OUT>`` -> the profile its batch gave it (``batch`` / ``full``), from
+    ``OUT/manifest.json`` when a batch wrote one (else empty: every set gets the full profile)."""
+    p = out / MANIFEST_JSON
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        return {}
+    return {e["stem"]: e["profile"] for e in doc.get("checkpoints", [])
+            if isinstance(e, dict) and isinstance(e.get("stem"), str) and e.get("profile") in ("batch", "full")}
+
+
+def _error_record(exc: BaseException, subject) -> dict:
+    from .errors import from_foreign
+
+    err = exc if isinstance(exc, HuggyError) else from_foreign(exc, getattr(exc, "filename", None) or subject)
+    return {"error": {"type": type(err).__name__, "message": err.message, "path": err.path,
+                      "exit_code": err.exit_code, "line": err.one_line()}}
+
+
+def raise_error_record(rec: dict) -> None:
+    """A worker's error raised here as the same type of the one taxonomy."""
+    from . import errors
+
+    cls = getattr(errors, rec["type"], None)
+    if not (isinstance(cls, type) and issubclass(cls, HuggyError)):
+        cls = HuggyError
+    err = cls(rec["message"], rec["path"])
+    err.exit_code = rec["exit_code"]
+    raise err
+
+
+def _verify_task(i: int) -> dict:
+    """A worker's task: re-verify the i-th set; returns the report as data (its tree, verdict, the
+    line to print) or the error as data."""
+    from .pipeline import verify_set
+
+    st = shared()
+    folder, stem = st["sets"][i]
+    opts, note = st["profiles"][i]
+    try:
+        rep = verify_set(folder, stem, st["official"], st["ckpt"], st["reference"], opts, st["writer"],
+                         notes=[note] if note else ())
+    except Exception as exc:  # noqa: BLE001 - back to the parent as the one taxonomy
+        return _error_record(exc, folder / stem)
+    return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
+            "subject": rep.subject, "render": rep.render() if st["render"] else None}
+
+
+def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optional[int] = None,
+               profile: str = RECORDED, render: bool = False, progress: bool = True,
+               processes: bool = True) -> List[dict]:
+    """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
+    forked after the imports and the ``.pt2`` template's trace). ``profile``: ``recorded`` gives each
+    set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``,
+    for all but the newest checkpoint of each behavior), ``full`` the full profile to every set.
+    Returns one record per set, in order (``report``: the full tree as data, or ``error``)."""
+    import torch
+
+    from .pipeline import ConvertOptions, verify_sets
+    from .verify import VerifyOptions
+
+    sets, official, ckpt = verify_sets(out, reference, checkpoint, options)
+    out = Path(out)
+    full = options or VerifyOptions()
+    light, _ = batch_profiles(ConvertOptions(verify_options=full))
+    recorded = recorded_profiles(out) if profile == RECORDED else {}
+    lv = light
+    light_note = (f"re-verified with the batch profile {MANIFEST_JSON} records for it: {lv.rows} probe rows, "
+                  f"module {'/'.join(lv.dtypes)}, fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps, "
+                  "no torch.export.load (check 6 compares the .pt2's bytes); 'verify --profile full' for the full one")
+
+    def rel(folder: Path, stem: str) -> str:
+        try:
+            return (folder.relative_to(out) / stem).as_posix()
+        except ValueError:
+            return stem
+
+    profiles = [(light, light_note) if recorded.get(rel(f, s)) == "batch" else (full, None) for f, s in sets]
+    jobs = max(1, min(int(jobs or _default_jobs()), len(sets)))
+    writer = ProgramWriter(fast=True)
+    state = {"sets": sets, "profiles": profiles, "official": official, "ckpt": ckpt, "reference": reference,
+             "writer": writer, "render": render}
+
+    def warm():
+        from .converter import load_policy
+        from .verify import engine  # noqa: F401
+
+        try:  # the .pt2 template of the first set's architecture, traced once here
+            writer.program_bytes(load_policy(_safetensors_path(sets[0])))
+            import torch._dynamo  # noqa: F401
+        except Exception:  # noqa: BLE001 - its task reports it
+            pass
+
+    results: List[Optional[dict]] = [None] * len(sets)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    warnings.simplefilter("ignore")
+    try:
+        with Pool(jobs, state, warm=warm if jobs > 1 else None, processes=processes) as pool, \
+                click.progressbar(length=len(sets), label=f"verifying {len(sets)} policies", file=sys.stderr) \
+                if progress else _NoBar() as bar:
+            for i, ok, res in pool.run([(_verify_task, (i,)) for i in range(len(sets))]):
+                results[i] = res if ok else {"error": {"type": "InternalError", "message": res, "path": None,
+                                                       "exit_code": 3, "line": res}}
+                bar.update(1)
+    finally:
+        quiet.__exit__(None, None, None)
+        torch.set_num_threads(threads)
+    return results
+
+
+def _safetensors_path(folder_stem) -> Path:
+    from .artifacts import SAFETENSORS, ArtifactSet
+
+    folder, stem = folder_stem
+    return ArtifactSet(folder, stem).path(SAFETENSORS)
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def update(self, n):
+        pass
