@@ -793,17 +793,19 @@ def _verify_task(i: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - back to the parent as the one taxonomy
         return _error_record(exc, folder / stem)
     return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
-            "subject": rep.subject, "render": rep.render() if st["render"] else None}
+            "subject": rep.subject, "render": rep.render() if st["render"] else None,
+            "profile": "batch" if note else "full"}
 
 
 def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optional[int] = None,
                profile: str = RECORDED, render: bool = False, progress: bool = True,
-               processes: bool = True) -> List[dict]:
+               processes: bool = True) -> Tuple[List[dict], str]:
     """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
     forked after the imports and the ``.pt2`` template's trace). ``profile``: ``recorded`` gives each
     set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``,
     for all but the newest checkpoint of each behavior), ``full`` the full profile to every set.
-    Returns one record per set, in order (``report``: the full tree as data, or ``error``)."""
+    Returns one record per set, in order (``report``: the full tree as data, or ``error``), and the
+    pool's description."""
     import torch
 
     from .pipeline import ConvertOptions, verify_sets
@@ -855,10 +857,11 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
                 results[i] = res if ok else {"error": {"type": "InternalError", "message": res, "path": None,
                                                        "exit_code": 3, "line": res}}
                 bar.update(1)
+            workers = pool.describe()
     finally:
         quiet.__exit__(None, None, None)
         torch.set_num_threads(threads)
-    return results
+    return results, workers
 
 
 def _safetensors_path(folder_stem) -> Path:

@@ -196,7 +196,7 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, c
     from .batch import raise_error_record, verify_out
 
     def go():
-        recs = verify_out(out, reference=reference, checkpoint=checkpoint,
+        recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                           options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
                           profile=profile, render=not as_json)
         errors = [r["error"] for r in recs if "error" in r]
@@ -208,12 +208,14 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, c
             click.echo(recs[0]["render"])
         elif not as_json:
             for r in recs:
-                line = f"FAIL: {r['first_failure']}" if "error" not in r and not r["ok"] else \
-                    (r["verdict"] if "error" not in r else f"ERROR: {r['error']['line']}")
-                click.echo(f"verify {r.get('subject') or ''}: {line}".replace("verify : ", "verify: "))
+                if "error" in r:
+                    click.echo(f"verify: ERROR: {r['error']['line']}")
+                    continue
+                line = r["verdict"] if r["ok"] else f"FAIL: {r['first_failure']}"
+                click.echo(f"verify {r['subject']}: {line}{' (batch profile)' if r['profile'] == 'batch' else ''}")
             passed = sum(1 for r in done if r["ok"])
             click.echo(f"{len(recs)} policies: {passed} passed, {len(done) - passed} failed verification, "
-                       f"{len(errors)} could not be verified")
+                       f"{len(errors)} could not be verified ({workers})")
         failed = [r for r in done if not r["ok"]]
         for r in failed:
             click.echo(f"huggy-convert: verification failed: {r['subject']}: {r['first_failure']}", err=True)
