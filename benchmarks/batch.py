@@ -342,6 +342,31 @@ def pt2_ways(count: int, baseline: Path = None) -> None:
     print(f"pt2 SUMMARY save/fast={a / b:.1f}x{extra} identical_bytes={same} notes={ways[name].notes}")
 
 
+def compare_outputs(a: Path, b: Path) -> str:
+    """Every file but the manifests byte for byte, and each manifest entry's outputs (sha256),
+    verdict, key figures and fingerprints."""
+    import hashlib
+
+    def files(d):
+        return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith("manifest.")}
+
+    fa, fb = files(a), files(b)
+    diff = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+
+    def entries(d):
+        doc = json.loads((d / "manifest.json").read_text())
+        return {e["source"]: (e.get("status"), e.get("outputs"), e.get("verify"), e.get("same_as"), e.get("profile"))
+                for e in doc["checkpoints"]}
+
+    ea, eb = entries(a), entries(b)
+    ediff = sorted(k for k in set(ea) | set(eb) if ea.get(k) != eb.get(k))
+    return (f"outputs vs the baseline: {len(fa)} files, {len(diff)} differ"
+            + (f" ({', '.join(diff[:5])})" if diff else " (byte-identical)")
+            + f"; manifest entries (status, outputs, verdicts, key figures, fingerprints): {len(ea)}, "
+            f"{len(ediff)} differ" + (f" ({', '.join(ediff[:5])})" if ediff else ""))
+
+
 def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) -> None:
     import statistics
 
@@ -358,7 +383,11 @@ def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) ->
             print(f"round {r}: {name:9s} wall {m['wall']:.2f} s, cpu {m['cpu']:.2f} s, peak RSS {m['rss']:.0f} MB, "
                   f"exit {m['rc']}, "
                   f"{s.get('converted')} converted, {s.get('failed')} failed")
-            shutil.rmtree(out, ignore_errors=True)
+            if r > 0:
+                shutil.rmtree(out, ignore_errors=True)
+    print(compare_outputs(tmp / "out-this-tree-0", tmp / "out-baseline-0"))
+    for name in ("this-tree", "baseline"):
+        shutil.rmtree(tmp / f"out-{name}-0", ignore_errors=True)
     ratios = [a / b for a, b in zip(walls["this tree"], walls["baseline"])]
     cpu_ratios = [a / b for a, b in zip(cpus["this tree"], cpus["baseline"])]
     print(f"baseline SUMMARY cpu_ratio_median={statistics.median(cpu_ratios):.3f} "

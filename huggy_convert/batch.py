@@ -37,21 +37,28 @@ Verification profile
     profile: checks 1-3 in full (check 3 on 16 probe rows plus ML-Agents' golden inputs when
     present), check 4 with the module in float32 on the CPU and on every accelerator present
     (the ``.pt2`` is run through ``torch.export.load`` for the newest checkpoint only: ~110 ms a
-    file, and not thread-safe; check 6 compares every ``.pt2`` read back with the bytes written),
-    check 5 with 16-step fingerprints. The manifest records which profile each entry got. (The
-    newest runs alone after the others.) Each checkpoint goes through ``pipeline.convert_one``,
+    file; check 6 compares every ``.pt2`` read back with the bytes written),
+    check 5 with 16-step fingerprints. What it drops against the full profile: the float16 and
+    bfloat16 module checks, 48 of the 64 probe rows, the 64- and 128-step fingerprints and
+    ``torch.export.load`` of the ``.pt2``. The manifest records which profile each entry got, and
+    ``verify OUT/`` re-verifies each entry with it (``--profile full``: the full one everywhere). Each checkpoint goes through ``pipeline.convert_one``,
     as a single conversion does: the verification reads the files it wrote.
 
 Speed and memory
-    One process, a thread pool (``--jobs``, default: the cores) with one torch thread per worker.
-    hashlib, zlib, file I/O, onnxruntime and torch kernels release the GIL; torch.load's
-    weights-only unpickler, ONNX building and most of verification are Python and hold it, so a
-    second worker gains little on a Huggy-size policy. A checkpoint is read once (hashed
-    and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture
-    and the graph is serialized once (``exporters.pt2.ProgramWriter(fast=True)``: torch's own
-    archive writer, checked once per architecture to give ``torch.export.save``'s bytes, else
-    ``torch.export.save`` itself). Nothing of a finished
-    checkpoint stays in memory but its manifest entry; at most ``2 x jobs`` are in flight.
+    A pool of worker processes (``workers.Pool``: ``--jobs``, default the cores; one torch thread
+    each), forked after every import and after the ``.pt2`` template of the first checkpoint's
+    architecture is traced in the parent (``warm_up``), with ``gc.freeze()``: the workers share the
+    parent's pages, so the PSS summed over the pool stays near one process's, and torch._dynamo is
+    imported once. Where fork is unavailable the same tasks run in threads (``EXPORT_GATE`` keeps
+    torch.export alone), with ``--jobs 1`` in this process; the summary's ``workers`` says which.
+    A checkpoint is read once (hashed and its ``Policy`` read from the same bytes, by the
+    allow-listed ``converter.checkpoint.fast_policy_load``). ``torch.export`` traces once per
+    architecture and the graph is serialized once (``exporters.pt2.ProgramWriter(fast=True)``:
+    torch's own archive writer, checked once per architecture to give ``torch.export.save``'s bytes,
+    else ``torch.export.save`` itself). Nothing of a finished checkpoint stays in memory but its
+    manifest entry. The newest checkpoint of each behavior (the full profile: the longest task) is
+    handed out first, ``checkpoint.pt`` last (it is compared with the step entries' results).
+    Hashing in a parent thread would not help: the workers already keep every core busy.
 
 Idempotent and resumable
     An entry is skipped when the manifest has it verified with the same source sha256, tool
@@ -852,7 +859,7 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
     try:
         with Pool(jobs, state, warm=warm if jobs > 1 else None, processes=processes) as pool, \
                 click.progressbar(length=len(sets), label=f"verifying {len(sets)} policies", file=sys.stderr) \
-                if progress else _NoBar() as bar:
+                if progress and len(sets) > 1 else _NoBar() as bar:
             for i, ok, res in pool.run([(_verify_task, (i,)) for i in range(len(sets))]):
                 results[i] = res if ok else {"error": {"type": "InternalError", "message": res, "path": None,
                                                        "exit_code": 3, "line": res}}

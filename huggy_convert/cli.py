@@ -198,7 +198,7 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, c
     def go():
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                           options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
-                          profile=profile, render=not as_json)
+                          profile=profile, render=not as_json, progress=sys.stderr.isatty())
         errors = [r["error"] for r in recs if "error" in r]
         done = [r for r in recs if "error" not in r]
         if as_json and not errors:
@@ -206,7 +206,7 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, c
             click.echo(json.dumps(reps if len(reps) > 1 else reps[0], indent=2))
         elif len(recs) == 1 and not errors:
             click.echo(recs[0]["render"])
-        elif not as_json:
+        elif not as_json and len(recs) > 1:
             for r in recs:
                 if "error" in r:
                     click.echo(f"verify: ERROR: {r['error']['line']}")

@@ -65,11 +65,10 @@ def _die_with_parent() -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from .errors import HuggyError
+    """The one line of the one taxonomy (``errors.from_foreign`` for a foreign exception)."""
+    from .errors import from_foreign
 
-    if isinstance(exc, HuggyError):
-        return exc.one_line()
-    return f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return from_foreign(exc, getattr(exc, "filename", None)).one_line()
 
 
 def _worker(conn, parent_pid: int) -> None:
