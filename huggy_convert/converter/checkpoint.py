@@ -360,7 +360,10 @@ def fast_policy_load(zf: zipfile.ZipFile, pickle_name: str, pickle_bytes: bytes)
             info = names.get(f"{prefix}data/{st.key}")
             if info is None or info.file_size != st.numel * item:
                 raise _NotFast("storage record")
-            raw = bytearray(zf.read(info))
+            try:
+                raw = bytearray(zf.read(info))
+            except Exception as exc:  # a damaged record (zipfile checks its CRC; torch does not): torch decides
+                raise _NotFast(f"storage record ({type(exc).__name__})") from None
             base = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
             storages[st.key] = base
         extent = 1 + sum((n - 1) * s for n, s in zip(ref.size, ref.stride)) if all(ref.size) else 0
