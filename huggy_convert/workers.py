@@ -31,7 +31,6 @@ import os
 import pickle
 import signal
 import sys
-import traceback
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from multiprocessing.connection import Pipe
 from multiprocessing.connection import wait as wait_conns
@@ -101,8 +100,7 @@ def _worker(conn, parent_pid: int) -> None:
                 conn.send((tid, False, f"internal error: result not picklable: {exc}"))
     except KeyboardInterrupt:
         code = 130
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - the parent reports "a worker process died (exit 3)"
         code = 3
     finally:
         try:
