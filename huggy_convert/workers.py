@@ -184,30 +184,39 @@ class Pool:
                 exc = f.exception()
                 yield (i, False, _one_line(exc)) if exc is not None else (i, True, f.result())
 
-    def _run_processes(self, tasks):
-        queue = list(enumerate(tasks))[::-1]
-        busy: Dict[int, int] = {}  # slot -> task index
-        while queue or busy:
+    def _run_processes(self, tasks, depth: int = 2):
+        """Each worker holds up to ``depth`` tasks (the next one waits in its pipe while the parent
+        handles a result); a worker that dies fails the task it had and its queued ones go back."""
+        from collections import deque
+
+        queue = deque(enumerate(tasks))
+        held: Dict[int, deque] = {slot: deque() for slot in self._procs}  # slot -> task indices, oldest first
+        while queue or any(held.values()):
             for slot in list(self._procs):
-                if slot not in busy and queue:
-                    i, (fn, args) = queue.pop()
+                while queue and len(held[slot]) < depth:
+                    i, (fn, args) = queue.popleft()
                     try:
                         self._procs[slot][1].send((i, fn, args))
-                        busy[slot] = i
-                    except (OSError, pickle.PicklingError) as exc:
+                        held[slot].append(i)
+                    except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
                         yield i, False, f"internal error: cannot hand the task to a worker: {exc}"
+            busy = [s for s in held if held[s]]
             if not busy:
                 continue
             conns = {self._procs[s][1]: s for s in busy}
             for conn in wait_conns(list(conns)):
                 slot = conns[conn]
-                i = busy.pop(slot)
                 try:
                     tid, ok, res = conn.recv()
-                    yield tid, ok, res
-                except (EOFError, OSError):  # the worker died with the task
-                    yield i, False, self._reap(slot)
+                except (EOFError, OSError):  # the worker died with its oldest task
+                    lost = held.pop(slot)
+                    yield lost.popleft(), False, self._reap(slot)
+                    queue.extendleft(reversed([(i, tasks[i]) for i in lost]))
                     self._spawn(slot)
+                    held[slot] = deque()
+                    continue
+                held[slot].remove(tid)
+                yield tid, ok, res
 
     def _reap(self, slot: int) -> str:
         pid, conn = self._procs.pop(slot)
