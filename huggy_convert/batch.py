@@ -41,7 +41,8 @@ Verification profile
     check 5 with 16-step fingerprints. What it drops against the full profile: the float16 and
     bfloat16 module checks, 48 of the 64 probe rows, the 64- and 128-step fingerprints and
     ``torch.export.load`` of the ``.pt2``. The manifest records which profile each entry got, and
-    ``verify OUT/`` re-verifies each entry with it (``--profile full``: the full one everywhere). Each checkpoint goes through ``pipeline.convert_one``,
+    ``verify OUT/`` re-verifies each entry with it (``--profile full``: the full one everywhere).
+    Each checkpoint goes through ``pipeline.convert_one``,
     as a single conversion does: the verification reads the files it wrote.
 
 Speed and memory
