@@ -9,16 +9,18 @@ Policy weights scaled by ``1 + 1e-3 * N(0, 1)`` per copy, every other top-level 
 (ML-Agents never exported one): those are verified without check 2/3's official comparison; the
 real fixture checkpoints are verified against their own official ONNX.
 
-Prints, measured side by side in one run: the batch's wall time, ms per checkpoint, peak RSS of the
-batch process (``ru_maxrss`` from ``os.wait4``), the mean of a few separate invocations and its
-extrapolation to the whole run, and the ratio. No thresholds are asserted here.
+Prints, measured side by side in one run (issue 15, P1 and P2), each ratio beside its target: the
+batch's wall time against ``python -c "import torch"`` (median of 3 here) and against its floor;
+separate invocations (the mean of ``--singles``, extrapolated) against the batch; the PSS summed over
+the batch's processes (parent and workers, ``/proc/<pid>/smaps_rollup`` sampled every 20 ms; peak),
+at ``--small`` (50) and at ``--count`` (201) checkpoints; and ``verify DIR`` over the batch's output
+against the batch. No thresholds are asserted here.
 
-It also prints the floor under any single-process batch on this machine, measured in a fresh
-interpreter the same way: importing torch, reading + sha256 + ``torch.load(weights_only=True)`` of
-every step checkpoint with the batch's worker count (the loader's unpickler is pure Python and holds
-the interpreter lock), the process's first ``torch.export`` of the policy (dynamo's imports and
-trace), and per checkpoint its ONNX built (Python) plus one onnxruntime session (which runs in
-parallel); what the batch does beyond that (verification, .pt2, writing) comes on top.
+The floor is measured in a fresh interpreter with one torch thread (``floor_child``): the imports,
+one ``torch._dynamo`` import and trace (paid once, in the pool's parent), and per checkpoint, on a
+sample: reading and hashing the source, reading its ``Policy``, writing and hashing the artifacts,
+two fresh onnxruntime sessions (one session reused for new weights is not bitwise: ruled out) and
+the verification forwards; the per-checkpoint part divided by the workers.
 
     python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
     python benchmarks/batch.py --baseline DIR [--rounds 3]   # this tree vs another checkout, interleaved
@@ -126,72 +128,155 @@ def _cli(*args):
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "huggy_convert.cli"], [str(a) for a in args]
 
 
-def measure(args, package: Path = None) -> dict:
-    """wall seconds, peak RSS (MB, ``ru_maxrss`` of that child from ``os.wait4``), exit code and output.
+def _children(pid: int):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in _children(k)]
+
+
+def _pss_mb(pid: int) -> float:
+    """PSS (proportional set size: shared pages divided among the processes sharing them) of ``pid``
+    and every process below it, from ``/proc/<pid>/smaps_rollup``."""
+    total = 0
+    for q in [pid] + _children(pid):
+        try:
+            with open(f"/proc/{q}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            pass
+    return total / 1024
+
+
+def measure(args, package: Path = None, pss: bool = False) -> dict:
+    """wall seconds, peak RSS (MB, ``ru_maxrss`` of that child from ``os.wait4``: the largest single
+    process), with ``pss`` the peak of the PSS summed over the process and its workers (sampled every
+    20 ms while it runs), exit code and output.
     ``package``: a checkout whose huggy_convert the child imports (PYTHONPATH) instead of this one."""
+    import threading
+
     head, tail = _cli(*args)
     env = dict(os.environ, PYTHONPATH=str(package)) if package else None
+    peak = [0.0]
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t = time.perf_counter()
         p = subprocess.Popen(head + tail, stdout=fo, stderr=fe, env=env)
+        stop = threading.Event()
+
+        def sample():
+            while not stop.wait(0.02):
+                peak[0] = max(peak[0], _pss_mb(p.pid))
+
+        th = threading.Thread(target=sample, daemon=True)
+        if pss:
+            th.start()
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
+        stop.set()
+        if pss:
+            th.join()
         p.returncode = os.waitstatus_to_exitcode(status)
         fo.seek(0)
         fe.seek(0)
         return {"wall": wall, "rss": ru.ru_maxrss / 1024, "cpu": ru.ru_utime + ru.ru_stime, "rc": p.returncode,
-                "out": fo.read().decode(),
+                "pss": peak[0], "out": fo.read().decode(),
                 "err": fe.read().decode()[-3000:]}
 
 
-def floor_child(run: Path, jobs: int) -> None:
-    """(fresh interpreter) print JSON: seconds to import torch, to read + hash + load every step
-    checkpoint with ``jobs`` threads, and for the first torch.export of the newest one's policy."""
+def import_torch_wall(reps: int = 3) -> float:
+    """Median wall of ``python -c "import torch"`` (fresh interpreters, this run)."""
+    import statistics
+
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
+    """(fresh interpreter, one torch thread) print JSON: the work no batch can skip, measured.
+
+    ``imports``: onnx, onnxruntime, safetensors, click and the package after torch (torch's own import
+    is the ``python -c "import torch"`` wall measured beside it); ``dynamo``: the first
+    ``torch.export`` of the policy (importing ``torch._dynamo`` and the trace, paid once in the
+    pool's parent); per checkpoint, on ``sample`` of them: reading the source and its sha256, the
+    ``Policy`` tensors read (the allow-listed reader), writing the four artifacts and their sha256,
+    two onnxruntime sessions (the file written and the official / regenerated one: a fresh session
+    each, not reusable bitwise), and the verification forwards (16 probe rows and a 16-step
+    fingerprint through onnxruntime and the torch module, the float64 reference on the rows)."""
     import hashlib
-    from concurrent.futures import ThreadPoolExecutor
 
     t = time.perf_counter()
     import torch
-    t_import = time.perf_counter() - t
-    files = _step_files(run)
-
-    def one(p: Path) -> int:
-        data = p.read_bytes()
-        hashlib.sha256(data).hexdigest()
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        return len(data)
-
+    t_torch = time.perf_counter() - t
     torch.set_num_threads(1)
     t = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=jobs) as ex:
-        size = sum(ex.map(one, files))
-    t_load = time.perf_counter() - t
-    from huggy_convert.converter import convert_checkpoint
-    from huggy_convert.exporters.torch_module import build_module, export_program
+    import click  # noqa: F401
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+    import safetensors.torch  # noqa: F401
 
-    policy = convert_checkpoint(files[-1]).policy
-    module = build_module(policy)
-    t = time.perf_counter()
-    export_program(module)
-    t_export = time.perf_counter() - t
-    # two things every checkpoint needs whatever else is skipped: its ONNX built and serialised, and
-    # one onnxruntime session on it (verification runs the rebuilt graph); both timed warm
+    from huggy_convert.converter import load_checkpoint, save_policy  # noqa: F401
     from huggy_convert.exporters.onnx_export import build_onnx, model_bytes
+    from huggy_convert.exporters.torch_module import build_module, export_program
+    from huggy_convert.pipeline import prepare_conversion
     from huggy_convert.runtime import ort_session
-
-    reps = 20
-    for _ in range(3):
-        ort_session(model_bytes(build_onnx(policy)))
+    from huggy_convert.runtime.feeds import make_probes
+    from huggy_convert.verify.bounds import Float64Policy
+    t_imports = time.perf_counter() - t
+    files = _step_files(run)
+    conv = prepare_conversion(load_checkpoint(files[-1]), None).conversion
     t = time.perf_counter()
-    for _ in range(reps):
-        data = model_bytes(build_onnx(policy))
-    t_onnx = (time.perf_counter() - t) / reps
-    t = time.perf_counter()
-    for _ in range(reps):
-        ort_session(data)
-    t_session = (time.perf_counter() - t) / reps
-    print(json.dumps({"import_torch": t_import, "load": t_load, "files": len(files), "bytes": size,
-                      "first_export": t_export, "onnx_each": t_onnx, "session_each": t_session, "jobs": jobs}))
+    export_program(build_module(conv.policy))
+    t_dynamo = time.perf_counter() - t
+    picks = files[:: max(1, len(files) // sample)][:sample]
+    parts = {"read_sha256": 0.0, "load": 0.0, "write_sha256": 0.0, "sessions": 0.0, "forwards": 0.0}
+    tmp = Path(tempfile.mkdtemp(prefix="huggy-floor-"))
+    try:
+        for p in picks:
+            t = time.perf_counter()
+            data = p.read_bytes()
+            hashlib.sha256(data).hexdigest()
+            parts["read_sha256"] += time.perf_counter() - t
+            t = time.perf_counter()
+            ck = load_checkpoint(p, data=data, sha256="-")
+            parts["load"] += time.perf_counter() - t
+            policy = prepare_conversion(ck, None).conversion.policy
+            onnx_b = model_bytes(build_onnx(policy))
+            blobs = [onnx_b, onnx_b, onnx_b, b"x" * 4096]  # ~ .safetensors, .onnx, .pt2 (each ~ the weights), golden
+            t = time.perf_counter()
+            for k, b in enumerate(blobs):
+                (tmp / f"{k}.bin").write_bytes(b)
+                hashlib.sha256(b).hexdigest()
+            parts["write_sha256"] += time.perf_counter() - t
+            t = time.perf_counter()
+            sessions = [ort_session(onnx_b), ort_session(onnx_b)]
+            parts["sessions"] += time.perf_counter() - t
+            module = build_module(policy)
+            probes = make_probes(policy, 16)
+            t = time.perf_counter()
+            sessions[0].run(None, probes)
+            names = module.input_names
+            with torch.no_grad():
+                module(*[torch.from_numpy(probes[k]) for k in names])
+                for i in range(16):
+                    row = {k: v[i:i + 1] for k, v in probes.items()}
+                    sessions[1].run(None, row)
+                    module(*[torch.from_numpy(row[k]) for k in names])
+            Float64Policy(policy).forward(probes)
+            parts["forwards"] += time.perf_counter() - t
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    per = {k: v / len(picks) for k, v in parts.items()}
+    print(json.dumps({"import_torch_in_process": t_torch, "imports": t_imports, "dynamo": t_dynamo, "per": per,
+                      "files": len(files), "jobs": jobs, "sample": len(picks)}))
 
 
 def patch_child(count: int) -> None:
@@ -259,6 +344,31 @@ def pt2_ways(count: int, baseline: Path = None) -> None:
     print(f"pt2 SUMMARY save/fast={a / b:.1f}x{extra} identical_bytes={same} notes={ways[name].notes}")
 
 
+def compare_outputs(a: Path, b: Path) -> str:
+    """Every file but the manifests byte for byte, and each manifest entry's outputs (sha256),
+    verdict, key figures and fingerprints."""
+    import hashlib
+
+    def files(d):
+        return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith("manifest.")}
+
+    fa, fb = files(a), files(b)
+    diff = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+
+    def entries(d):
+        doc = json.loads((d / "manifest.json").read_text())
+        return {e["source"]: (e.get("status"), e.get("outputs"), e.get("verify"), e.get("same_as"), e.get("profile"))
+                for e in doc["checkpoints"]}
+
+    ea, eb = entries(a), entries(b)
+    ediff = sorted(k for k in set(ea) | set(eb) if ea.get(k) != eb.get(k))
+    return (f"outputs vs the baseline: {len(fa)} files, {len(diff)} differ"
+            + (f" ({', '.join(diff[:5])})" if diff else " (byte-identical)")
+            + f"; manifest entries (status, outputs, verdicts, key figures, fingerprints): {len(ea)}, "
+            f"{len(ediff)} differ" + (f" ({', '.join(ediff[:5])})" if ediff else ""))
+
+
 def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) -> None:
     import statistics
 
@@ -275,7 +385,11 @@ def against_baseline(run: Path, tmp: Path, baseline: Path, rounds: int, jobs) ->
             print(f"round {r}: {name:9s} wall {m['wall']:.2f} s, cpu {m['cpu']:.2f} s, peak RSS {m['rss']:.0f} MB, "
                   f"exit {m['rc']}, "
                   f"{s.get('converted')} converted, {s.get('failed')} failed")
-            shutil.rmtree(out, ignore_errors=True)
+            if r > 0:
+                shutil.rmtree(out, ignore_errors=True)
+    print(compare_outputs(tmp / "out-this-tree-0", tmp / "out-baseline-0"))
+    for name in ("this-tree", "baseline"):
+        shutil.rmtree(tmp / f"out-{name}-0", ignore_errors=True)
     ratios = [a / b for a, b in zip(walls["this tree"], walls["baseline"])]
     cpu_ratios = [a / b for a, b in zip(cpus["this tree"], cpus["baseline"])]
     print(f"baseline SUMMARY cpu_ratio_median={statistics.median(cpu_ratios):.3f} "
@@ -290,6 +404,7 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=201)
     ap.add_argument("--jobs", type=int, default=0, help="batch workers (default: the command's default, the cores)")
     ap.add_argument("--singles", type=int, default=3, help="separate invocations to time and extrapolate")
+    ap.add_argument("--small", type=int, default=50, help="checkpoints of the second run (PSS flat in the count)")
     ap.add_argument("--keep", type=Path, help="build the run and outputs here and keep them")
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same batch with, interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --baseline")
@@ -320,40 +435,45 @@ def main(argv=None) -> int:
         if a.baseline:
             against_baseline(run, tmp, a.baseline.resolve(), a.rounds, jobs)
             return 0
-        b = measure([run, tmp / "out", "--json", *jobs])
+        t_import = import_torch_wall()
+        b = measure([run, tmp / "out", "--json", *jobs], pss=True)
         if b["rc"] != 0:
             print(b["out"][-3000:], b["err"], file=sys.stderr)
         s = json.loads(b["out"])
         n = s["checkpoints"] - s["same_as"]  # step checkpoints (checkpoint.pt is recognised, not converted)
         print(f"batch: {s['checkpoints']} files: {s['converted']} converted and verified, {s['same_as']} same as "
-              f"another (checkpoint.pt), {s['failed']} failed; exit {b['rc']}; {s['jobs']} workers on {cores} cores")
+              f"another (checkpoint.pt), {s['failed']} failed; exit {b['rc']}; {s.get('workers')} on {cores} cores")
         print(f"  wall {b['wall']:.2f} s for {n} checkpoints = {1000 * b['wall'] / n:.1f} ms per checkpoint "
-              f"(in-process {s['seconds']:.2f} s; the rest is importing torch and exiting)")
-        print(f"  peak RSS {b['rss']:.0f} MB")
-        # a tenth of the run: the fixed cost, the cost per checkpoint, and memory that does not grow
+              f"(in-process {s['seconds']:.2f} s; the rest is importing torch and exiting); "
+              f"python -c 'import torch' {t_import:.2f} s")
+        print(f"  PSS summed over the pool's processes (peak) {b['pss']:.0f} MB; peak RSS of one process "
+              f"{b['rss']:.0f} MB")
+        # fewer checkpoints: the fixed cost, the cost per checkpoint, and memory that does not grow
         small = tmp / "results" / "bench-small"
-        build_run(small, max(2, a.count // 10))
-        m = measure([small, tmp / "out-small", "--json", *jobs])
+        build_run(small, a.small)
+        m = measure([small, tmp / "out-small", "--json", *jobs], pss=True)
         ms = json.loads(m["out"])
         k = ms["checkpoints"] - ms["same_as"]
         per = (b["wall"] - m["wall"]) / (n - k)
-        print(f"  {k} checkpoints: wall {m['wall']:.2f} s, peak RSS {m['rss']:.0f} MB -> marginal {1000 * per:.1f} ms "
-              f"per checkpoint, fixed {m['wall'] - k * per:.2f} s (import, first torch.export trace, exit)")
+        print(f"  {k} checkpoints: wall {m['wall']:.2f} s, PSS {m['pss']:.0f} MB, peak RSS {m['rss']:.0f} MB -> "
+              f"marginal {1000 * per:.1f} ms per checkpoint, fixed {m['wall'] - k * per:.2f} s")
         fl = json.loads(subprocess.run([sys.executable, __file__, "--floor-child", str(run), str(s["jobs"])],
                                        check=True, capture_output=True, text=True).stdout)
-        each = fl["onnx_each"] + fl["session_each"] / fl["jobs"]  # onnxruntime builds sessions without the lock
-        floor_s = fl["import_torch"] + fl["load"] + fl["first_export"] + fl["files"] * each
-        print(f"floor (a fresh interpreter doing only what no batch can skip): import torch {fl['import_torch']:.2f} s"
-              f" + read, sha256 and torch.load(weights_only=True) of the {fl['files']} checkpoints "
-              f"({fl['bytes'] / 1e9:.2f} GB, {fl['jobs']} threads) {fl['load']:.2f} s + the first torch.export "
-              f"{fl['first_export']:.2f} s + per checkpoint its ONNX built {1000 * fl['onnx_each']:.1f} ms (Python, under "
-              f"the interpreter lock) and one onnxruntime session {1000 * fl['session_each']:.1f} ms / {fl['jobs']} "
-              f"threads (x{fl['files']}) = {floor_s:.2f} s, before any verification, .pt2 or write "
-              f"({100 * floor_s / b['wall']:.0f}% of the batch's wall time)")
+        pc = fl["per"]
+        each = sum(pc.values())
+        floor_s = t_import + fl["imports"] + fl["dynamo"] + n * each / fl["jobs"]
+        print(f"floor (measured in a fresh interpreter, one torch thread, {fl['sample']} checkpoints sampled): "
+              f"import torch {t_import:.2f} s + onnx/onnxruntime/safetensors/click/package {fl['imports']:.2f} s + "
+              f"one torch._dynamo import and trace {fl['dynamo']:.2f} s + {n} x ("
+              + " + ".join(f"{k} {1000 * v:.1f}" for k, v in pc.items())
+              + f" = {1000 * each:.1f} ms) / {fl['jobs']} workers = {floor_s:.2f} s")
         r = measure([run, tmp / "out", "--json", *jobs])
         rs = json.loads(r["out"])
         print(f"rerun (all {rs['skipped']} skipped, every source and output re-hashed): wall {r['wall']:.2f} s, "
               f"peak RSS {r['rss']:.0f} MB")
+        v = measure(["verify", tmp / "out", *jobs])
+        print(f"verify DIR over the batch's output (after the rerun: it rewrites the reports): "
+              f"wall {v['wall']:.2f} s, exit {v['rc']}: {(v['out'].strip().splitlines() or ['?'])[-1]}")
         singles = []
         picks = sorted(run.glob("*/*-*.pt"))[: a.singles]
         for p in picks:
@@ -364,10 +484,17 @@ def main(argv=None) -> int:
         mean = sum(singles) / len(singles)
         est = mean * n
         print(f"separate invocations: mean {mean:.2f} s -> {est:.0f} s for {n} (extrapolated)")
-        print(f"ratio: the batch is {est / b['wall']:.1f}x faster than separate invocations")
-        print(f"SUMMARY checkpoints={n} wall_s={b['wall']:.2f} ms_per_ckpt={1000 * b['wall'] / n:.1f} "
-              f"marginal_ms={1000 * per:.1f} ratio={est / b['wall']:.1f} peak_rss_mb={b['rss']:.0f} "
-              f"jobs={s['jobs']} cores={cores} floor_s={floor_s:.2f}")
+        print("side by side (target):")
+        print(f"  batch / import torch      {b['wall'] / t_import:6.2f}x  (<= 5x)   floor / import torch "
+              f"{floor_s / t_import:.2f}x")
+        print(f"  separate / batch          {est / b['wall']:6.1f}x  (>= 25x)")
+        print(f"  PSS at {k} / {n} checkpoints  {m['pss']:.0f} / {b['pss']:.0f} MB  (<= 600 MB, flat)")
+        print(f"  verify DIR / batch        {v['wall'] / b['wall']:6.2f}x  (<= 1x)")
+        print(f"SUMMARY checkpoints={n} wall_s={b['wall']:.2f} import_torch_s={t_import:.2f} "
+              f"batch_over_import={b['wall'] / t_import:.2f} floor_s={floor_s:.2f} "
+              f"floor_over_import={floor_s / t_import:.2f} separate_over_batch={est / b['wall']:.1f} "
+              f"pss_small_mb={m['pss']:.0f} pss_mb={b['pss']:.0f} verify_over_batch={v['wall'] / b['wall']:.2f} "
+              f"marginal_ms={1000 * per:.1f} jobs={s['jobs']} cores={cores}")
         return 0
     finally:
         if a.keep is None:

@@ -37,21 +37,29 @@ Verification profile
     profile: checks 1-3 in full (check 3 on 16 probe rows plus ML-Agents' golden inputs when
     present), check 4 with the module in float32 on the CPU and on every accelerator present
     (the ``.pt2`` is run through ``torch.export.load`` for the newest checkpoint only: ~110 ms a
-    file, and not thread-safe; check 6 compares every ``.pt2`` read back with the bytes written),
-    check 5 with 16-step fingerprints. The manifest records which profile each entry got. (The
-    newest runs alone after the others.) Each checkpoint goes through ``pipeline.convert_one``,
+    file; check 6 compares every ``.pt2`` read back with the bytes written),
+    check 5 with 16-step fingerprints. What it drops against the full profile: the float16 and
+    bfloat16 module checks, 48 of the 64 probe rows, the 64- and 128-step fingerprints and
+    ``torch.export.load`` of the ``.pt2``. The manifest records which profile each entry got, and
+    ``verify OUT/`` re-verifies each entry with it (``--profile full``: the full one everywhere).
+    Each checkpoint goes through ``pipeline.convert_one``,
     as a single conversion does: the verification reads the files it wrote.
 
 Speed and memory
-    One process, a thread pool (``--jobs``, default: the cores) with one torch thread per worker.
-    hashlib, zlib, file I/O, onnxruntime and torch kernels release the GIL; torch.load's
-    weights-only unpickler, ONNX building and most of verification are Python and hold it, so a
-    second worker gains little on a Huggy-size policy. A checkpoint is read once (hashed
-    and ``torch.load``-ed from the same bytes). ``torch.export`` traces once per architecture
-    and the graph is serialized once (``exporters.pt2.ProgramWriter(fast=True)``: torch's own
-    archive writer, checked once per architecture to give ``torch.export.save``'s bytes, else
-    ``torch.export.save`` itself). Nothing of a finished
-    checkpoint stays in memory but its manifest entry; at most ``2 x jobs`` are in flight.
+    A pool of worker processes (``workers.Pool``: ``--jobs``, default the cores; one torch thread
+    each), forked after every import and after the ``.pt2`` template of the first checkpoint's
+    architecture is traced in the parent (``warm_up``), with ``gc.freeze()``: the workers share the
+    parent's pages, so the PSS summed over the pool stays near one process's, and torch._dynamo is
+    imported once. Where fork is unavailable the same tasks run in threads (``EXPORT_GATE`` keeps
+    torch.export alone), with ``--jobs 1`` in this process; the summary's ``workers`` says which.
+    A checkpoint is read once (hashed and its ``Policy`` read from the same bytes, by the
+    allow-listed ``converter.checkpoint.fast_policy_load``). ``torch.export`` traces once per
+    architecture and the graph is serialized once (``exporters.pt2.ProgramWriter(fast=True)``:
+    torch's own archive writer, checked once per architecture to give ``torch.export.save``'s bytes,
+    else ``torch.export.save`` itself). Nothing of a finished checkpoint stays in memory but its
+    manifest entry. The newest checkpoint of each behavior (the full profile: the longest task) is
+    handed out first, ``checkpoint.pt`` last (it is compared with the step entries' results).
+    Hashing in a parent thread would not help: the workers already keep every core busy.
 
 Idempotent and resumable
     An entry is skipped when the manifest has it verified with the same source sha256, tool
@@ -80,7 +88,6 @@ import os
 import sys
 import time
 import warnings
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,6 +111,7 @@ from .host import host_info
 from .pipeline import ConvertOptions, convert_one
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .verify.engine import CHECK_IDS
+from .workers import Pool, shared
 
 MANIFEST_JSON = "manifest.json"
 MANIFEST_CSV = "manifest.csv"
@@ -308,6 +316,45 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry.update(status=ERROR, run=FAILED, error=_one_line(exc, item.path))
     entry["seconds"] = round(time.perf_counter() - t0, 3)
     return entry
+
+
+def _convert_task(item: Item):
+    """A worker's task: ``convert_item`` with the context the parent set before forking; returns the
+    entry and the ``.pt2`` writer's notes (both plain data)."""
+    ctx = shared()["ctx"]
+    with EXPORT_GATE.shared():  # threads: torch.export runs alone (a process has one thread)
+        return convert_item(item, ctx), list(ctx.writer.notes)
+
+
+def _alias_task(item: Item, candidates):
+    ctx = shared()["ctx"]
+    with EXPORT_GATE.shared():
+        return check_alias(item, ctx, candidates), list(ctx.writer.notes)
+
+
+def warm_up(items: List[Item], ctx: _Context) -> None:
+    """In the parent, before the workers fork: every module the work imports, and the ``.pt2``
+    template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
+    are then paid once, not once per worker). A checkpoint that does not load is left to its task."""
+    import onnxruntime  # noqa: F401
+    import safetensors.torch  # noqa: F401
+
+    from . import verify  # noqa: F401
+    from .exporters import onnx_export, torch_module  # noqa: F401
+    from .pipeline import default_reference, prepare_conversion
+    from .runtime import ort  # noqa: F401
+    from .verify import engine  # noqa: F401
+
+    if not ctx.options.program or not items:
+        return
+    try:
+        it = items[0]
+        ckpt = read_checkpoint(it.path, read_input_file(it.path), "")
+        prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
+        ctx.writer.program_bytes(prep.conversion.policy)
+        import torch._dynamo  # noqa: F401  (what torch.export.load needs too)
+    except Exception:  # noqa: BLE001 - its task reports it
+        pass
 
 
 def _profile_note(full: bool, ctx: _Context) -> str:
@@ -521,7 +568,7 @@ def batch_profiles(options: ConvertOptions):
 
 
 def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optional[int] = None, force: bool = False,
-              as_json: bool = False) -> int:
+              as_json: bool = False, processes: bool = True) -> int:
     """Convert every checkpoint under ``source`` into ``out``; returns the exit code."""
     t0 = time.perf_counter()
     o = options or ConvertOptions()
@@ -547,7 +594,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         check_devices(getattr(o.verify_options, "devices", None))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
-        return _run_batch(source, out, o, found, jobs, force, as_json, t0)
+        return _run_batch(source, out, o, found, jobs, force, as_json, t0, processes)
 
 
 def _runs_record(found, out: Path) -> List[dict]:
@@ -558,7 +605,8 @@ def _runs_record(found, out: Path) -> List[dict]:
              "checkpoints": r.checkpoints, "deployed": [d.rel for d in r.deployed]} for r in found.runs]
 
 
-def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, as_json: bool, t0: float) -> int:
+def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, as_json: bool, t0: float,
+               processes: bool = True) -> int:
     import torch
 
     root, status, items, warns = found.root, found.status, found.items, found.warnings
@@ -587,7 +635,6 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
     for w in warns:
         click.echo(f"huggy-convert: warning: {w}", err=True)
     writer = ProgramWriter(fast=True)
-    gate = EXPORT_GATE
     ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, writer=writer)
     manifest = Manifest(out, header)
     for i, it in enumerate(items):
@@ -608,12 +655,6 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
             bar.update(1)
         manifest.maybe_write()
 
-    def shared(fn):
-        def call(*args):
-            with gate.shared():
-                return fn(*args)
-        return call
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one torch thread per worker: the workers are the parallelism
     aliases = [it for it in items if it.kind == "checkpoint"]
@@ -624,6 +665,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
     quiet = warnings.catch_warnings()  # entered and left by this thread only; the workers see its filter
     quiet.__enter__()
     warnings.simplefilter("ignore")  # torch's warnings would break the one-line errors
+    notes: List[str] = []
+    pool = None
     try:
         for it in work:
             if it.missing:
@@ -631,31 +674,35 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
                 e.update(status=MISSING, run=FAILED,
                          error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {source}")
                 report(e)
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="huggy-batch") as pool:
-            def run(tasks):
-                """Bounded submission (2 x jobs in flight); entries are handled as they come."""
-                pending = set()
-                queue = list(reversed(tasks))
-                while queue or pending:
-                    while queue and len(pending) < 2 * jobs:
-                        fn, args = queue.pop()
-                        pending.add(pool.submit(shared(fn), *args))
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        report(f.result())
+        todo = [it for it in work if not it.missing]
+        # the .pt2 template is traced before the fork unless every checkpoint is likely to be skipped
+        # (each has a verified entry in the manifest; a worker traces for itself if it must convert)
+        likely_skipped = all((previous.get(it.rel) or {}).get("status") == OK for it in todo)
+        pool = Pool(jobs, {"ctx": ctx}, warm=lambda: warm_up([] if likely_skipped else todo, ctx),
+                    processes=processes)
 
-            run([(convert_item, (it, ctx)) for it in work if not it.missing and not it.newest])
-            # the newest of each behavior (full profile, whose .pt2 check runs torch.export.load) alone
-            for it in work:
-                if it.newest:
-                    report(convert_item(it, ctx))
-            tasks = []
-            for it in aliases:
-                folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
-                newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
-                cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
-                tasks.append((check_alias, (it, ctx, cands)))
-            run(tasks)
+        def run(tasks, subjects):
+            for i, ok, res in pool.run(tasks):
+                if ok:
+                    entry, more = res
+                    notes.extend(n for n in more if n not in notes)
+                else:  # only a worker's death reaches here: every task catches its own errors
+                    entry = _base_entry(subjects[i])
+                    entry.update(status=ERROR, run=FAILED, error=f"{subjects[i].path}: {res}")
+                report(entry)
+
+        # the newest of each behavior first (the full profile: the longest task), then the others
+        ordered = sorted(todo, key=lambda it: not it.newest)
+        run([(_convert_task, (it,)) for it in ordered], ordered)
+        tasks = []
+        for it in aliases:
+            folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
+            newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
+            cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
+            tasks.append((_alias_task, (it, cands)))
+        run(tasks, aliases)
+        pool.close()
+        mode = pool.describe()
         for dep in (d for r in found.runs for d in r.deployed):  # the run-root <Behavior>.onnx files
             d = check_deployed(dep, items, results, out, o.verify, light)
             manifest.deployed.append(d)
@@ -663,6 +710,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
                 click.echo(f"huggy-convert: {'error' if d['status'] == ERROR else 'verification failed'}: "
                            f"{d['error']}", err=True)
     finally:
+        if pool is not None:
+            pool.close(interrupted=sys.exc_info()[0] is not None)
         quiet.__exit__(None, None, None)
         torch.set_num_threads(threads)
         if bar_ctx:
@@ -671,7 +720,8 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
         summary = _summary(entries, time.perf_counter() - t0, jobs, manifest.deployed) \
             if len(entries) == len(items) else None
         if summary is not None:
-            summary["warnings"] = warns + writer.notes
+            summary["warnings"] = warns + [n for n in writer.notes if n not in notes] + notes
+            summary["workers"] = pool.describe() if pool is not None else None
             summary["runs"] = header["runs"]
             for r, rec in zip(found.runs, summary["runs"]):
                 b = _best([results[it.rel] for it in items if it.sub == r.sub and it.rel in results])
@@ -695,5 +745,146 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
         for d in manifest.deployed:
             click.echo(f"  {describe_deployed(d)}")
         click.echo(f"  manifest: {out / MANIFEST_JSON}, {out / MANIFEST_CSV}")
-        click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {jobs} workers)")
+        click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {mode})")
     return summary["exit_code"]
+
+
+# --- verify OUT/ over the worker pool -----------------------------------------------------------
+RECORDED, FULL = "recorded", "full"
+
+
+def recorded_profiles(out: Path) -> Dict[str, str]:
+    """``<stem path below OUT>`` -> the profile its batch gave it (``batch`` / ``full``), from
+    ``OUT/manifest.json`` when a batch wrote one (else empty: every set gets the full profile)."""
+    p = out / MANIFEST_JSON
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        return {}
+    return {e["stem"]: e["profile"] for e in doc.get("checkpoints", [])
+            if isinstance(e, dict) and isinstance(e.get("stem"), str) and e.get("profile") in ("batch", "full")}
+
+
+def _error_record(exc: BaseException, subject) -> dict:
+    from .errors import from_foreign
+
+    err = exc if isinstance(exc, HuggyError) else from_foreign(exc, getattr(exc, "filename", None) or subject)
+    return {"error": {"type": type(err).__name__, "message": err.message, "path": err.path,
+                      "exit_code": err.exit_code, "line": err.one_line()}}
+
+
+def raise_error_record(rec: dict) -> None:
+    """A worker's error raised here as the same type of the one taxonomy."""
+    from . import errors
+
+    cls = getattr(errors, rec["type"], None)
+    if not (isinstance(cls, type) and issubclass(cls, HuggyError)):
+        cls = HuggyError
+    err = cls(rec["message"], rec["path"])
+    err.exit_code = rec["exit_code"]
+    raise err
+
+
+def _verify_task(i: int) -> dict:
+    """A worker's task: re-verify the i-th set; returns the report as data (its tree, verdict, the
+    line to print) or the error as data."""
+    from .pipeline import verify_set
+
+    st = shared()
+    folder, stem = st["sets"][i]
+    opts, note = st["profiles"][i]
+    try:
+        rep = verify_set(folder, stem, st["official"], st["ckpt"], st["reference"], opts, st["writer"],
+                         notes=[note] if note else ())
+    except Exception as exc:  # noqa: BLE001 - back to the parent as the one taxonomy
+        return _error_record(exc, folder / stem)
+    return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
+            "subject": rep.subject, "render": rep.render() if st["render"] else None,
+            "profile": "batch" if note else "full"}
+
+
+def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optional[int] = None,
+               profile: str = RECORDED, render: bool = False, progress: bool = True,
+               processes: bool = True) -> Tuple[List[dict], str]:
+    """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
+    forked after the imports and the ``.pt2`` template's trace). ``profile``: ``recorded`` gives each
+    set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``,
+    for all but the newest checkpoint of each behavior), ``full`` the full profile to every set.
+    Returns one record per set, in order (``report``: the full tree as data, or ``error``), and the
+    pool's description."""
+    import torch
+
+    from .pipeline import ConvertOptions, verify_sets
+    from .verify import VerifyOptions
+
+    sets, official, ckpt = verify_sets(out, reference, checkpoint, options)
+    out = Path(out)
+    full = options or VerifyOptions()
+    light, _ = batch_profiles(ConvertOptions(verify_options=full))
+    recorded = recorded_profiles(out) if profile == RECORDED else {}
+    lv = light
+    light_note = (f"re-verified with the batch profile {MANIFEST_JSON} records for it: {lv.rows} probe rows, "
+                  f"module {'/'.join(lv.dtypes)}, fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps, "
+                  "no torch.export.load (check 6 compares the .pt2's bytes); 'verify --profile full' for the full one")
+
+    def rel(folder: Path, stem: str) -> str:
+        try:
+            return (folder.relative_to(out) / stem).as_posix()
+        except ValueError:
+            return stem
+
+    profiles = [(light, light_note) if recorded.get(rel(f, s)) == "batch" else (full, None) for f, s in sets]
+    jobs = max(1, min(int(jobs or _default_jobs()), len(sets)))
+    writer = ProgramWriter(fast=True)
+    state = {"sets": sets, "profiles": profiles, "official": official, "ckpt": ckpt, "reference": reference,
+             "writer": writer, "render": render}
+
+    def warm():
+        from .converter import load_policy
+        from .verify import engine  # noqa: F401
+
+        try:  # the .pt2 template of the first set's architecture, traced once here
+            writer.program_bytes(load_policy(_safetensors_path(sets[0])))
+            import torch._dynamo  # noqa: F401
+        except Exception:  # noqa: BLE001 - its task reports it
+            pass
+
+    results: List[Optional[dict]] = [None] * len(sets)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    warnings.simplefilter("ignore")
+    try:
+        with Pool(jobs, state, warm=warm if jobs > 1 else None, processes=processes) as pool, \
+                click.progressbar(length=len(sets), label=f"verifying {len(sets)} policies", file=sys.stderr) \
+                if progress and len(sets) > 1 else _NoBar() as bar:
+            for i, ok, res in pool.run([(_verify_task, (i,)) for i in range(len(sets))]):
+                results[i] = res if ok else {"error": {"type": "InternalError", "message": res, "path": None,
+                                                       "exit_code": 3, "line": res}}
+                bar.update(1)
+            workers = pool.describe()
+    finally:
+        quiet.__exit__(None, None, None)
+        torch.set_num_threads(threads)
+    return results, workers
+
+
+def _safetensors_path(folder_stem) -> Path:
+    from .artifacts import SAFETENSORS, ArtifactSet
+
+    folder, stem = folder_stem
+    return ArtifactSet(folder, stem).path(SAFETENSORS)
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def update(self, n):
+        pass

@@ -195,22 +195,46 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint, or the ONNX a policy was "
               "recovered from (enables check 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
+@click.option("--jobs", "-j", type=click.IntRange(0, 256), default=0,
+              help="parallel workers (default: cores; a batch's worker pool)")
+@click.option("--profile", type=click.Choice(["recorded", "full"]), default="recorded", show_default=True,
+              help="recorded: each policy with the profile its batch gave it (OUT/manifest.json); full: the full "
+                   "profile for every policy")
 @with_options(tolerance_options)
-def verify_cmd(out, reference, checkpoint, as_json, atol, rtol, cosine, devices, dtypes):
-    """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion)."""
-    from .pipeline import verify_dir
+def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, cosine, devices, dtypes):
+    """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion).
+    One policy: its report's tree; several: one line each and a count (the trees in --json and in
+    each <stem>.verify.json)."""
+    from .batch import raise_error_record, verify_out
 
     def go():
-        reps = verify_dir(out, reference=reference, checkpoint=checkpoint,
-                          options=verify_options(atol, rtol, cosine, devices, dtypes))
-        if as_json:
-            click.echo(json.dumps([r.to_dict() for r in reps] if len(reps) > 1 else reps[0].to_dict(), indent=2))
-        else:
-            for r in reps:
-                click.echo(r.render())
-        failed = [r for r in reps if not r.ok]
+        recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
+                          options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
+                          profile=profile, render=not as_json, progress=sys.stderr.isatty())
+        errors = [r["error"] for r in recs if "error" in r]
+        done = [r for r in recs if "error" not in r]
+        if as_json and not errors:
+            reps = [r["report"] for r in recs]
+            click.echo(json.dumps(reps if len(reps) > 1 else reps[0], indent=2))
+        elif len(recs) == 1 and not errors:
+            click.echo(recs[0]["render"])
+        elif not as_json and len(recs) > 1:
+            for r in recs:
+                if "error" in r:
+                    click.echo(f"verify: ERROR: {r['error']['line']}")
+                    continue
+                line = r["verdict"] if r["ok"] else f"FAIL: {r['first_failure']}"
+                click.echo(f"verify {r['subject']}: {line}{' (batch profile)' if r['profile'] == 'batch' else ''}")
+            passed = sum(1 for r in done if r["ok"])
+            click.echo(f"{len(recs)} policies: {passed} passed, {len(done) - passed} failed verification, "
+                       f"{len(errors)} could not be verified ({workers})")
+        failed = [r for r in done if not r["ok"]]
         for r in failed:
-            click.echo(f"huggy-convert: verification failed: {r.subject}: {r.first_failure()}", err=True)
+            click.echo(f"huggy-convert: verification failed: {r['subject']}: {r['first_failure']}", err=True)
+        for e in errors[1:]:
+            click.echo(f"huggy-convert: error: {e['line']}", err=True)
+        if errors:
+            raise_error_record(errors[0])
         return EXIT_VERIFY_FAILED if failed else EXIT_OK
 
     sys.exit(run_guarded(go, as_json, out))

@@ -267,9 +267,15 @@ def _artifact_folders(out: Path) -> List[Path]:
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
     """Re-verify the files already in ``out_dir`` and the folders below it (one report per
-    ``<stem>.safetensors``)."""
+    ``<stem>.safetensors``). (``batch.verify_out``: the same over a worker pool.)"""
+    sets, official, ckpt = verify_sets(out_dir, reference, checkpoint, options, stem)
+    writer = ProgramWriter(fast=True)
+    return [verify_set(folder, s, official, ckpt, reference, options, writer) for folder, s in sets]
+
+
+def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
+    """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint."""
     from .verify.engine import check_devices
-    from .verify import Reference, verify, write_report
 
     check_devices(getattr(options, "devices", None))
     out = Path(out_dir)
@@ -280,24 +286,28 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     official = load_reference(Path(reference)) if reference else None
     ckpt = read_source(checkpoint) if checkpoint else None
-    writer = ProgramWriter(fast=True)
-    reports = []
-    for folder, s in sets:
-        arts = ArtifactSet(folder, s)
-        if not arts.exists(ONNX):
-            raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", folder)
-        if ckpt is not None:
-            from .converter import load_policy
+    return sets, official, ckpt
 
-            source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
-            if ckpt.sha256 != source_sha:
-                raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
-                                 f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
-        rep = verify(arts, Reference(ckpt, official, Path(reference) if reference else None, arts.path(GOLDEN)),
-                     options, subject=f"{s} ({folder})", writer=writer)
-        write_report(rep, arts.path(REPORT))
-        reports.append(rep)
-    return reports
+
+def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer, notes: Sequence[str] = ()):
+    """Re-verify one set ``folder/<s>.*`` and rewrite its report; returns the report."""
+    from .verify import Reference, verify, write_report
+
+    arts = ArtifactSet(folder, s)
+    if not arts.exists(ONNX):
+        raise InputError(f"missing {arts.name(ONNX)} beside {arts.name(SAFETENSORS)}", folder)
+    if ckpt is not None:
+        from .converter import load_policy
+
+        source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
+        if ckpt.sha256 != source_sha:
+            raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
+                             f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
+    rep = verify(arts, Reference(ckpt, official, Path(reference) if reference else None, arts.path(GOLDEN)),
+                 options, subject=f"{s} ({folder})", writer=writer)
+    rep.notes.extend(notes)
+    write_report(rep, arts.path(REPORT))
+    return rep
 
 
 @dataclass

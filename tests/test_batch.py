@@ -388,3 +388,78 @@ def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
                                                                                      ".notes.tmp"]
     users = {".draft.onnx.x1y2z3.tmp", ".notes.tmp"}
     assert sorted(p.name for p in resumed.iterdir() if p.name not in users) == sorted(p.name for p in whole.iterdir())
+
+    # Ctrl-C (SIGINT to the process group, as a terminal sends it to the parent and its workers):
+    # one line, exit 130, no temporary file, each stem written is a whole set with the right bytes
+    stopped = tmp_path / "stopped"
+    p = subprocess.Popen([sys.executable, "-m", "huggy_convert.cli", str(run), str(stopped), "--jobs", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    deadline, seen = time.monotonic() + 120, 0
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            seen = len(manifest(stopped)["checkpoints"])
+        except (OSError, ValueError):
+            seen = 0
+        if seen >= 3:
+            os.killpg(p.pid, signal.SIGINT)
+            break
+        time.sleep(0.005)
+    err = p.communicate(timeout=60)[1].decode()
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "huggy-convert: error: interrupted", err
+    assert not [q.name for q in stopped.iterdir() if q.name.endswith(".tmp")]
+    got = artifacts(stopped)
+    stems = {n.split(".")[0] for n in got}
+    assert 3 <= len(stems) < 24 and len(got) == len(stems) * len(ARTIFACT_SUFFIXES)
+    assert all(whole_sha == got[n] for n, whole_sha in artifacts(whole).items() if n in got)
+
+
+def test_a_worker_that_dies_fails_its_task_in_one_line_and_is_replaced():
+    from huggy_convert.workers import PROCESSES, Pool
+
+    with Pool(2, {"base": 10}) as pool:
+        assert pool.mode == PROCESSES
+        got = sorted(pool.run([(_task, (i,)) for i in range(6)]))
+        pids = pool.pids()
+    assert [g[:2] for g in got] == [(0, True), (1, True), (2, False), (3, True), (4, True), (5, False)]
+    assert got[0][2] == 10 and got[4][2] == 14
+    assert got[2][2] == "a worker process died (killed by signal SIGKILL) while it had this checkpoint; " \
+                        "its files were not written"
+    assert got[5][2].startswith("internal error: ValueError: no 5")
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def _task(i):
+    from huggy_convert.workers import shared
+
+    if i == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if i == 5:
+        raise ValueError("no 5")
+    return shared()["base"] + i
+
+
+# --- verify OUT/ over the pool ----------------------------------------------------------------------
+def test_verify_dir_with_jobs_gives_the_verdicts_of_jobs_1_and_a_worker_catches_a_flipped_bit(huggy_out, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(huggy_out[0], out)
+    reports = {}
+    for jobs in ("1", "2"):
+        code, stdout, stderr = batch("verify", out, "--jobs", jobs, "--json")
+        assert code == 0, stderr
+        reports[jobs] = json.loads(stdout)
+    strip = lambda r: (r["subject"], r["verdict"], [(c["id"], c["status"]) for c in r["checks"]])  # noqa: E731
+    assert [strip(r) for r in reports["1"]] == [strip(r) for r in reports["2"]] and len(reports["1"]) == 2
+    # one line per policy and a count; the batch profile recorded for the older one
+    code, stdout, stderr = batch("verify", out, "--jobs", "2")
+    assert code == 0 and stdout.splitlines() == [
+        f"verify Huggy-149956 ({out}): PASS (batch profile)", f"verify Huggy-245828 ({out}): PASS",
+        "2 policies: 2 passed, 0 failed verification, 0 could not be verified (2 worker processes)"], stdout
+    p = out / "Huggy-149956.pt2"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 1
+    p.write_bytes(bytes(data))
+    code, stdout, stderr = batch("verify", out, "--jobs", "2")
+    assert code == 1
+    assert stdout.splitlines()[0].startswith(f"verify Huggy-149956 ({out}): FAIL: 6 files") and "PASS" in stdout
+    assert f"huggy-convert: verification failed: Huggy-149956 ({out}): 6 files" in stderr
+
