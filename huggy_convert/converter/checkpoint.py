@@ -257,9 +257,12 @@ def _describe_load_failure(exc: BaseException, pickle_bytes: Optional[bytes]) ->
 # strings and numbers. ``_PolicyUnpickler.find_class`` answers three names of torch's tensor-rebuild
 # allow-list (``collections.OrderedDict``, ``torch._utils._rebuild_tensor_v2``, the legacy storage
 # types, answered by an inert marker) and raises ``_NotFast`` for every other name, so it constructs
-# a subset of what ``torch.load(weights_only=True)`` would; anything it does not know (another
+# a subset of what the weights-only ``torch.load`` would; anything it does not know (another
 # global, a BUILD on a tensor, metadata, hooks, a big-endian archive, a missing or short record)
-# sends the file to ``torch.load(weights_only=True)``, which gives the verdict and the error.
+# sends the file to the weights-only ``torch.load`` (``torch_load_weights_only``), which gives
+# the verdict and the error. The reader accepts any data opcode Python's unpickler knows (torch's
+# own unpickler refuses a few harmless ones, e.g. SHORT_BINUNICODE); what can be constructed is the
+# same allow-list or less.
 # A tensor is a ``_TensorRef`` until asked for: only the ``Policy`` tensors and the global step are
 # materialised (from their zip records), the optimizer state is never read.
 _FAST_STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
@@ -268,7 +271,7 @@ _FAST_STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfSt
 
 
 class _NotFast(Exception):
-    """Something the fast reader does not read: ``torch.load(weights_only=True)`` decides."""
+    """Something the fast reader does not read: the weights-only ``torch.load`` decides."""
 
 
 class _StorageType:
@@ -331,7 +334,7 @@ class _PolicyUnpickler(pickle.Unpickler):
 
 
 def fast_policy_load(zf: zipfile.ZipFile, pickle_name: str, pickle_bytes: bytes) -> dict:
-    """The checkpoint dict with its ``Policy`` tensors and global step as ``torch.load(weights_only=True)``
+    """The checkpoint dict with its ``Policy`` tensors and global step as the weights-only ``torch.load``
     gives them (same dtype, shape, strides, offset, bytes, ``requires_grad``), every other tensor an
     unread ``_TensorRef``. Raises ``_NotFast`` for anything it does not read (see above)."""
     import torch
@@ -416,7 +419,7 @@ def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = 
     a checkpoint is read once. ``quiet_warnings=False`` leaves torch's warnings alone (a threaded
     caller silences them once: ``warnings.catch_warnings`` is not thread-safe). ``fast``: read the
     ``Policy`` tensors with ``fast_policy_load`` (the same allow-list, ~10x faster; anything it does not
-    know goes to ``torch.load(weights_only=True)``); ``False``: ``torch.load`` always."""
+    know goes to the weights-only ``torch.load``); ``False``: ``torch.load`` always."""
     import torch  # deferred: only checkpoint reading needs torch here
 
     p = Path(path)
