@@ -22,6 +22,37 @@ def step_checkpoints(run_dir: Path):
     return sorted(files, key=lambda p: int(p.stem.rsplit("-", 1)[1]))
 
 
+def family_run(name: str) -> dict:
+    """A family fixture's record in fixtures/families/manifest.json."""
+    import json
+
+    return {r["name"]: r for r in json.loads((FAMILIES / "manifest.json").read_text())["runs"]}[name]
+
+
+def family_step(name: str):
+    """The newest step checkpoint of a family fixture, its official ONNX and its golden inputs."""
+    c = family_run(name)["checkpoints"][-1]
+    return FIXTURES / c["pt"], FIXTURES / c["onnx"], FIXTURES / c["golden"]
+
+
+def load_families(names):
+    """name -> (checkpoint, official ONNX, golden inputs by the policy's input names, the canonical policy)."""
+    import numpy as np
+    import onnx
+
+    from huggy_convert.converter import load_checkpoint
+    from huggy_convert.pipeline import prepare_conversion
+
+    out = {}
+    for name in names:
+        pt, off, golden = family_step(name)
+        ckpt = load_checkpoint(pt)
+        pol = prepare_conversion(ckpt, off).conversion.policy
+        g = dict(np.load(golden))
+        out[name] = (ckpt, onnx.load(str(off)), {k: g[k] for k in pol.spec.input_names()}, pol)
+    return out
+
+
 def variant_names():
     return sorted(p.name for p in VARIANTS.iterdir() if p.is_dir()) if VARIANTS.is_dir() else []
 

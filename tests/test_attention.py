@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
 import torch
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, family_step, load_families
 from onnx import numpy_helper
 
 from huggy_convert import contract as C
@@ -29,22 +28,13 @@ NAMES = ("attention", "attention_mlagents030")
 DET = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_CONT_DET)
 
 
-def _step(name):
-    c = RUNS[name]["checkpoints"][-1]
-    return FIXTURES / c["pt"], FIXTURES / c["onnx"], FIXTURES / c["golden"]
+_step = family_step
 
 
 @pytest.fixture(scope="module")
 def fx():
     """name -> (checkpoint, official ONNX, golden inputs, the canonical policy)."""
-    out = {}
-    for name in NAMES:
-        pt, off, golden = _step(name)
-        ckpt = load_checkpoint(pt)
-        pol = prepare_conversion(ckpt, off).conversion.policy
-        g = dict(np.load(golden))
-        out[name] = (ckpt, onnx.load(str(off)), {k: g[k] for k in pol.spec.input_names()}, pol)
-    return out
+    return load_families(NAMES)
 
 
 def test_spec_inferred_and_every_key_accounted_for(fx):

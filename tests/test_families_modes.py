@@ -9,7 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, family_step, run_cli
 
 from huggy_convert import contract as C
 from huggy_convert.runtime import OrtRunner
@@ -18,9 +18,7 @@ FAMILIES = FIXTURES / "families"
 RUNS = {r["name"]: r for r in json.loads((FAMILIES / "manifest.json").read_text())["runs"]}
 
 
-def _step(name):
-    c = RUNS[name]["checkpoints"][-1]
-    return FIXTURES / c["pt"], FIXTURES / c["onnx"], FIXTURES / c["golden"]
+_step = family_step
 
 
 @pytest.mark.parametrize("name", ["attention", "attention_mlagents030", "goal_hyper", "goal_none"])

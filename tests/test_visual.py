@@ -8,10 +8,9 @@ import json
 import shutil
 
 import numpy as np
-import onnx
 import pytest
 import torch
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, family_step, load_families, run_cli
 from onnx import numpy_helper
 
 from huggy_convert import contract as C
@@ -36,22 +35,13 @@ EXPECT = {"visual_simple": ("simple", (3, 20, 20), 32, 36), "visual_nature_cnn":
           "visual_vector": ("simple", (3, 20, 20), 35, 41), "visual_simple_mlagents030": ("simple", (3, 20, 20), 32, 36)}
 
 
-def _step(name):
-    c = RUNS[name]["checkpoints"][-1]
-    return FIXTURES / c["pt"], FIXTURES / c["onnx"], FIXTURES / c["golden"]
+_step = family_step
 
 
 @pytest.fixture(scope="module")
 def fx():
     """name -> (checkpoint, official ONNX, golden inputs, the canonical policy)."""
-    out = {}
-    for name in NAMES:
-        pt, off, golden = _step(name)
-        ckpt = load_checkpoint(pt)
-        pol = prepare_conversion(ckpt, off).conversion.policy
-        g = dict(np.load(golden))
-        out[name] = (ckpt, onnx.load(str(off)), {k: g[k] for k in pol.spec.input_names()}, pol)
-    return out
+    return load_families(NAMES)
 
 
 def _det(spec):
