@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
+import pickletools
 import zipfile
 from collections import OrderedDict
 
@@ -91,3 +93,54 @@ def test_what_the_fast_reader_does_not_know_goes_to_torch_load(tmp_path):
             zo.writestr(info, b[:-4] if info.filename.endswith("/data/0") else b)
     with pytest.raises(ck._NotFast, match="storage record"):
         ck.fast_policy_load(*_zip(out.getvalue()))
+
+
+class _Storage:
+    """Pickled as torch.save writes a storage: a persistent id ``('storage', torch.FloatStorage, key, 'cpu', n)``."""
+
+
+class _Crafted:
+    """Pickled as torch.save writes a tensor (``_rebuild_tensor_v2`` over a persistent storage), then a BUILD
+    with ``state``."""
+
+    def __init__(self, state):
+        self.state = state
+
+
+class _CraftingPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return ("storage", torch.FloatStorage, "0", "cpu", 1) if isinstance(obj, _Storage) else None
+
+    def reducer_override(self, obj):
+        if not isinstance(obj, _Crafted):
+            return NotImplemented
+        return (torch._utils._rebuild_tensor_v2, (_Storage(), 0, (1,), (1,), False, OrderedDict()), obj.state)
+
+
+def test_a_pickle_cannot_give_the_readers_markers_state():
+    """BUILD on a tensor reference (its storage, sizes) or on what find_class answers for a storage type
+    (the dtype name the reader looks up on torch) would set fields the reader trusts: refused, so the
+    weights-only torch.load decides."""
+    buf = io.BytesIO()
+    _CraftingPickler(buf, protocol=2).dump({C.CKPT_POLICY: OrderedDict(w=_Crafted((None, {"size": (1 << 40,)})))})
+    ops = [op.name for op, _, _ in pickletools.genops(buf.getvalue())]
+    assert b"_rebuild_tensor_v2" in buf.getvalue() and ops[ops.index("REDUCE", ops.index("BINPERSID")) + 1:].count("BUILD") == 1
+    with pytest.raises(ck._NotFast, match="BUILD on a tensor or storage"):
+        ck._PolicyUnpickler(io.BytesIO(buf.getvalue())).load()
+    # GLOBAL torch.FloatStorage, then BUILD (None, {'dtype': 'load'}) on the marker find_class answers
+    marker = b"\x80\x02ctorch\nFloatStorage\nN}X\x05\x00\x00\x00dtypeX\x04\x00\x00\x00loads\x86b."
+    with pytest.raises(ck._NotFast, match="BUILD on a tensor or storage"):
+        ck._PolicyUnpickler(io.BytesIO(marker)).load()
+    assert ck._STORAGE_TYPES["FloatStorage"].dtype == "float32"
+
+
+def test_any_failure_of_the_fast_reader_goes_to_torch_load(monkeypatch, tmp_path):
+    """A bug or a case the fast reader does not foresee is never the verdict: torch.load gives it."""
+    def broken(*a):
+        raise KeyError("unforeseen")
+
+    monkeypatch.setattr(ck, "_fast_policy_load", broken)
+    with pytest.raises(ck._NotFast, match="KeyError"):
+        ck.fast_policy_load(*_zip(ALL[0]))
+    a, b = ck.load_checkpoint(ALL[0]), ck.load_checkpoint(ALL[0], fast=False)
+    assert list(a.policy) == list(b.policy) and all(torch.equal(a.policy[k], b.policy[k]) for k in a.policy)

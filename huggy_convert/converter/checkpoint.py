@@ -274,7 +274,17 @@ class _NotFast(Exception):
     """Something the fast reader does not read: the weights-only ``torch.load`` decides."""
 
 
-class _StorageType:
+class _Inert:
+    """The reader's own markers: a pickle's BUILD cannot give them state (``__setstate__`` refuses),
+    so their fields are only ever what ``find_class`` / ``persistent_load`` / the rebuild checked."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state):
+        raise _NotFast("BUILD on a tensor or storage")
+
+
+class _StorageType(_Inert):
     """What ``find_class`` answers for ``torch.<X>Storage``: a dtype name, not callable, no state."""
 
     __slots__ = ("dtype",)
@@ -288,14 +298,14 @@ _ITEM_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64":
                "int8": 1, "uint8": 1, "bool": 1}
 
 
-class _StorageRef:
+class _StorageRef(_Inert):
     __slots__ = ("dtype", "key", "numel")
 
     def __init__(self, dtype: str, key: str, numel: int):
         self.dtype, self.key, self.numel = dtype, key, numel
 
 
-class _TensorRef:
+class _TensorRef(_Inert):
     """``_rebuild_tensor_v2``'s arguments, kept until the tensor is wanted."""
 
     __slots__ = ("storage", "offset", "size", "stride", "requires_grad")
@@ -336,7 +346,17 @@ class _PolicyUnpickler(pickle.Unpickler):
 def fast_policy_load(zf: zipfile.ZipFile, pickle_name: str, pickle_bytes: bytes) -> dict:
     """The checkpoint dict with its ``Policy`` tensors and global step as the weights-only ``torch.load``
     gives them (same dtype, shape, strides, offset, bytes, ``requires_grad``), every other tensor an
-    unread ``_TensorRef``. Raises ``_NotFast`` for anything it does not read (see above)."""
+    unread ``_TensorRef``. Raises ``_NotFast`` for anything it does not read (see above), and for any
+    other failure on the way (the weights-only ``torch.load`` then gives the verdict)."""
+    try:
+        return _fast_policy_load(zf, pickle_name, pickle_bytes)
+    except _NotFast:
+        raise
+    except Exception as exc:
+        raise _NotFast(type(exc).__name__) from None
+
+
+def _fast_policy_load(zf: zipfile.ZipFile, pickle_name: str, pickle_bytes: bytes) -> dict:
     import torch
 
     prefix = pickle_name[: -len("data.pkl")]
