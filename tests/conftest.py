@@ -53,6 +53,40 @@ def load_families(names):
     return out
 
 
+def assert_rebuilt_outputs_bitwise(official, policy, feeds, outputs):
+    """At every opset, the ONNX rebuilt from ``policy`` gives the official file's ``outputs`` bit for bit
+    in onnxruntime on every feed of ``feeds`` (name -> inputs); returns the last opset's runner."""
+    from huggy_convert import contract as C
+    from huggy_convert.exporters.onnx_export import build_onnx
+    from huggy_convert.runtime import OrtRunner
+
+    theirs = OrtRunner(official)
+    want = {k: theirs.infer(f) for k, f in feeds.items()}
+    for opset in C.ONNX_OPSETS:
+        ours = OrtRunner(build_onnx(policy, opset))
+        for k, f in feeds.items():
+            got = ours.infer(f)
+            for out in outputs:
+                assert got[out].tobytes() == want[k][out].tobytes(), (opset, k, out)
+    return ours
+
+
+def assert_back_to_the_checkpoint(ckpt, policy, dest: Path):
+    """``to-checkpoint`` of ``policy`` (saved as a canonical file under ``dest``) writes ML-Agents'
+    Policy dict of ``ckpt`` back: the same keys in the same order, each tensor's dtype and bits."""
+    import torch
+
+    from huggy_convert import contract as C
+    from huggy_convert.converter import save_policy
+    from huggy_convert.pipeline import to_checkpoint
+
+    res = to_checkpoint(save_policy(dest / "p.safetensors", policy), dest / "back")
+    assert res.ok and res.read_back["bitwise_equal"] == res.read_back["tensors"] > 0
+    got = torch.load(res.path, map_location="cpu", weights_only=True)[C.CKPT_POLICY]
+    assert list(got) == list(ckpt.policy)
+    assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in ckpt.policy.items())
+
+
 def variant_names():
     return sorted(p.name for p in VARIANTS.iterdir() if p.is_dir()) if VARIANTS.is_dir() else []
 

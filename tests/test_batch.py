@@ -349,6 +349,26 @@ def test_an_empty_directory_exits_2_with_one_line(tmp_path):
 
 
 # --- resumable: a real SIGKILL ----------------------------------------------------------------------
+def _signal_after(run: Path, out: Path, entries: int, send):
+    """Start a batch of ``run`` into ``out`` (2 workers, its own process group, a manifest after every
+    checkpoint) and ``send(process)`` once the manifest lists ``entries`` checkpoints; returns the
+    process and how many the manifest listed then (stderr is a pipe, stdout discarded)."""
+    env = dict(os.environ, HUGGY_CONVERT_MANIFEST_INTERVAL="0")
+    p = subprocess.Popen([sys.executable, "-m", "huggy_convert.cli", str(run), str(out), "--jobs", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    deadline, seen = time.monotonic() + 120, 0
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            seen = len(manifest(out)["checkpoints"])
+        except (OSError, ValueError):
+            seen = 0
+        if seen >= entries:
+            send(p)
+            break
+        time.sleep(0.005)
+    return p, seen
+
+
 def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
     run = tmp_path / "results" / "small"
     _bench().build_run(run, count=24, source=VARIANTS / "small")
@@ -358,21 +378,8 @@ def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
     s = json.loads(r.stdout)
     assert s["checkpoints"] == 25 and s["converted"] == 24 and s["same_as"] == 1
 
-    env = dict(os.environ, HUGGY_CONVERT_MANIFEST_INTERVAL="0")  # a manifest after every checkpoint
-    p = subprocess.Popen([sys.executable, "-m", "huggy_convert.cli", str(run), str(resumed), "--jobs", "2"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 120
-    killed_with = 0
-    while time.monotonic() < deadline and p.poll() is None:
-        try:
-            killed_with = len(manifest(resumed)["checkpoints"])
-        except (OSError, ValueError):
-            killed_with = 0
-        if killed_with >= 3:
-            os.kill(p.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    p.wait()
+    p, killed_with = _signal_after(run, resumed, 3, lambda p: os.kill(p.pid, signal.SIGKILL))
+    p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert 3 <= killed_with < 25
     (resumed / ".Small-1007.onnx.k1ll3d.tmp").write_bytes(b"half a file")  # what a kill mid-write leaves
@@ -392,18 +399,7 @@ def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
     # Ctrl-C (SIGINT to the process group, as a terminal sends it to the parent and its workers):
     # one line, exit 130, no temporary file, each stem written is a whole set with the right bytes
     stopped = tmp_path / "stopped"
-    p = subprocess.Popen([sys.executable, "-m", "huggy_convert.cli", str(run), str(stopped), "--jobs", "2"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    deadline, seen = time.monotonic() + 120, 0
-    while time.monotonic() < deadline and p.poll() is None:
-        try:
-            seen = len(manifest(stopped)["checkpoints"])
-        except (OSError, ValueError):
-            seen = 0
-        if seen >= 3:
-            os.killpg(p.pid, signal.SIGINT)
-            break
-        time.sleep(0.005)
+    p, _ = _signal_after(run, stopped, 3, lambda p: os.killpg(p.pid, signal.SIGINT))
     err = p.communicate(timeout=60)[1].decode()
     assert p.returncode == 130 and err.strip().splitlines()[-1] == "huggy-convert: error: interrupted", err
     assert not [q.name for q in stopped.iterdir() if q.name.endswith(".tmp")]

@@ -10,7 +10,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, family_step, load_families, run_cli
+from conftest import (FIXTURES, assert_back_to_the_checkpoint, assert_rebuilt_outputs_bitwise, family_step,
+                      load_families, run_cli)
 from onnx import numpy_helper
 
 from huggy_convert import contract as C
@@ -97,16 +98,8 @@ def test_outputs_bitwise_equal_to_the_official_at_every_opset(fx, name):
     """Deterministic and constant outputs in onnxruntime: the rebuilt ONNX (opsets 9-15) and the official
     file, bitwise, on ML-Agents' golden inputs and on seeded probe images in [0, 1]."""
     _, off, _, pol = fx[name]
-    theirs = OrtRunner(off)
     feeds = _feeds(fx, name)
-    det = _det(pol.spec)
-    want = {k: theirs.infer(f) for k, f in feeds.items()}
-    for opset in C.ONNX_OPSETS:
-        ours = OrtRunner(build_onnx(pol, opset))
-        for k, f in feeds.items():
-            got = ours.infer(f)
-            for out in det:
-                assert got[out].tobytes() == want[k][out].tobytes(), (opset, k, out)
+    assert_rebuilt_outputs_bitwise(off, pol, feeds, _det(pol.spec))
     # the outputs ML-Agents' generator recorded from the official file (onnxruntime on the exporting host):
     # onnxruntime's Conv kernels depend on the CPU, so they are this host's within the derived bound, not
     # bitwise (fully_connected and match3's argmax happen to be); the bitwise claim is official vs rebuilt
@@ -294,16 +287,9 @@ def test_the_cli_converts_a_camera_checkpoint_at_opset_13(tmp_path):
 def test_to_checkpoint_gives_back_mlagents_policy_dict(fx, tmp_path):
     """Back into ML-Agents: the Policy dict written from the canonical file is the original's key for key
     (ML-Agents' order: resnet's dense before its sequential, the aliases, dtypes, bits)."""
-    from huggy_convert.converter import save_policy
-    from huggy_convert.pipeline import to_checkpoint
-
     for name in NAMES:
         ckpt, _, _, pol = fx[name]
-        res = to_checkpoint(save_policy(tmp_path / name / "p.safetensors", pol), tmp_path / name / "back")
-        assert res.ok and res.read_back["bitwise_equal"] == res.read_back["tensors"] > 0, name
-        got = torch.load(res.path, map_location="cpu", weights_only=True)[C.CKPT_POLICY]
-        assert list(got) == list(ckpt.policy), name
-        assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in ckpt.policy.items()), name
+        assert_back_to_the_checkpoint(ckpt, pol, tmp_path / name)
 
 
 def test_a_camera_key_out_of_place_is_named(fx, tmp_path):
