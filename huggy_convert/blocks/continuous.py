@@ -116,13 +116,11 @@ class Continuous(Block):
         import torch
 
         module.fast[self.name] = (module.mu, module.log_sigma if policy.spec.conditional_sigma else None,
-                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32))
+                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32), torch)
 
     def torch_output(self, f: TorchFlow) -> list:
-        import torch
-
         mod = f.module
-        mu_layer, sigma_layer, clip, clip_t = mod.fast[self.name]
+        mu_layer, sigma_layer, clip, clip_t, torch = mod.fast[self.name]  # torch bound once: an import here costs per call
         mu_p = mu_layer._parameters
         if f.vec:  # Affine.apply_to's two forms, inline (a call costs ~1 us at batch 1)
             mu = torch.addmv(mu_p["bias"], mu_p["weight"], f.h)[None]
