@@ -78,8 +78,8 @@ def main():
             "  .pt2 graph, no hooks": lambda: graph_alone(bare_program, xt),
         }
         if batch == 1:  # the floors: the module's GEMVs alone, and reading its weights once
-            flat = _flat_forward(module, layers)
-            runners["  floor: flat forward"] = lambda: flat(xt)
+            flat_forward = _flat_forward(module, layers)
+            runners["  floor: flat forward"] = lambda: flat_forward(xt)
             runners["  floor: addmv chain"] = lambda: _gemv_chain(layers, xt[0])
             runners["  floor: weight stream"] = flat.sum
             runners["  floor: .pt2 of one op"] = lambda: one_op(xt)

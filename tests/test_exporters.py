@@ -401,6 +401,33 @@ def test_one_row_gives_the_same_bits_in_every_grad_mode_within_the_bound():
     assert judge(ref, C.OUT_CONT_DET, rows)["ok"]
 
 
+def test_one_row_of_a_copied_or_cast_module_reads_its_own_weights():
+    """A deep copy whose weights are then changed answers one row with its weights, the original with
+    its own; a module moved with ``.to(float64)`` computes in float64 with its normalizer kept float32
+    and answers float32, as every head does (the one-row path reads the module it is called on, never
+    what it was built from)."""
+    import copy
+
+    pol = case(HUGGY)[0]
+    mod = build_module(pol)
+    x = torch.from_numpy(make_probes(pol, 1, seed=3)["obs_0"])
+    with torch.inference_mode():
+        before = mod(x)[0].clone()
+        twin = copy.deepcopy(mod)
+        twin.mu.bias.add_(1.0)
+        twin.body[0].weight.mul_(0.5)
+        assert torch.equal(mod(x)[0], before)
+        assert not torch.equal(twin(x)[0], before)
+    with torch.enable_grad():  # the flow (out of place) on the copy: the same numbers as its one-row path
+        assert torch.equal(twin(x)[0].detach(), torch.inference_mode()(lambda: twin(x)[0])())
+    wide = copy.deepcopy(mod).to(torch.float64)
+    with torch.inference_mode():
+        out = wide(x.double())[0]
+    assert wide.compute_dtype == torch.float64 and wide.body[0].weight.dtype == torch.float64
+    assert out.dtype == torch.float32 and wide.pinned_dtypes() == {"norm0_mean": "float32", "norm0_div": "float32"}
+    assert float((out - before.double()).abs().max()) < 1e-5
+
+
 def test_autograd_path_equals_the_in_place_path_and_backpropagates():
     """forward works in place only with autograd off; with it on, the same numbers and a gradient."""
     for ck in (HUGGY, step_checkpoints(VARIANTS / "hybrid")[-1], step_checkpoints(VARIANTS / "twoobs")[-1]):

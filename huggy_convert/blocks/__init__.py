@@ -14,6 +14,8 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   ``exporters.onnx_export.build_onnx`` loops over them;
 - its torch parameters and forward (``torch_init``, ``torch_observe`` / ``torch_encode`` / ``torch_output``) —
   ``exporters.torch_module.PolicyModule`` loops over them, one forward path for ``forward`` and ``sample``;
+  and its eager in-place form (``torch_row``), which its hooks call with autograd off and which the module
+  chains without the flow for one row where every block of the spec has one (``PolicyModule._row_plan``);
 - its float64 reference with error bounds (``reference_init``, ``reference_observe`` /
   ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
 - its probe inputs (``probe``) — ``runtime.feeds.make_probes`` merges them;

@@ -175,6 +175,16 @@ class Block:
         Called for every block, present in the spec or not: an absent one registers nothing, or an
         empty container (the discrete head's ``branches``: the .pt2's module call graph lists it)."""
 
+    def torch_row(self, module) -> Any:
+        """This block's eager form with autograd off (not traced), bound once after ``torch_init``, or None:
+        OBSERVE blocks ``{observation index: fn(module, x) -> encoding}`` (any batch), ENCODE blocks
+        ``fn(module, h) -> h`` and HEAD blocks ``fn(module, h) -> [deterministic outputs]`` on one row as a
+        vector. Its hooks call it in that mode, and where every block of a spec has one the module chains
+        them directly (``PolicyModule._row_plan``): at batch 1 each Python step after a GEMV reads memory
+        the weights evicted. The functions take the module (never hold it, its tensors or their dicts:
+        ``.to()``, ``copy.deepcopy`` and torch.export swap those) and read what they need from it."""
+        return None
+
     def torch_observe(self, f: "TorchFlow") -> None:
         """OBSERVE blocks: ``f.encoded[i]`` for every observation ``i`` this block processes."""
 

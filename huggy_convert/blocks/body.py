@@ -69,7 +69,19 @@ class Body(Block):
                                     for layer in range(policy.spec.num_layers if self.active(policy.spec) else 0))
         # what the forward reads per call: the layers (never their tensors or parameter dicts: torch.export
         # and .to() swap those) and the kernels (an import inside the hook costs ~1 us a call)
-        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu, torch._C._nn.silu_)
+        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu)
+
+    def torch_row(self, module):
+        import torch
+
+        addmv, silu_, name = torch.addmv, torch._C._nn.silu_, self.name  # silu_: F.silu(.., True)'s own kernel
+
+        def row(mod, h):
+            for lin in mod.fast[name][0]:
+                p = lin._parameters
+                h = silu_(addmv(p["bias"], p["weight"], h))
+            return h
+        return row
 
     def torch_encode(self, f: TorchFlow) -> None:
         """Each layer is one GEMM (``addmv`` for one row, eager; ``addmm`` otherwise, the
@@ -78,16 +90,16 @@ class Body(Block):
         (exp, add, div), ~3 u relative, inside the Sigmoid + Mul bound the float64 reference derives
         (``verify.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
         check element-wise."""
-        layers, addmv, addmm, silu, silu_ = f.module.fast[self.name]
+        mod = f.module
+        if f.vec and f.inplace:  # the eager one-row form (torch_row)
+            f.h = mod.rows[self.name](mod, f.h)
+            return
+        layers, addmv, addmm, silu = mod.fast[self.name]
         h, inplace = f.h, f.inplace
-        if f.vec and inplace:  # eager, one row, autograd off: silu_ is F.silu(.., True)'s own kernel, called directly
+        if f.vec:
             for lin in layers:
                 p = lin._parameters
-                h = silu_(addmv(p["bias"], p["weight"], h))
-        elif f.vec:
-            for lin in layers:
-                p = lin._parameters
-                h = silu(addmv(p["bias"], p["weight"], h), inplace)
+                h = silu(addmv(p["bias"], p["weight"], h))
         else:
             for lin in layers:
                 p = lin._parameters

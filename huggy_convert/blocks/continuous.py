@@ -116,25 +116,37 @@ class Continuous(Block):
         import torch
 
         module.fast[self.name] = (module.mu, module.log_sigma if policy.spec.conditional_sigma else None,
-                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32), torch)
+                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32),
+                                  torch.float32, torch.clamp)
+
+    def torch_row(self, module):
+        import torch
+
+        addmv, name = torch.addmv, self.name
+
+        def row(mod, h):
+            fast = mod.fast[name]
+            p = fast[0]._parameters
+            return [_deterministic(fast, addmv(p["bias"], p["weight"], h)[None], True)]
+        return row
 
     def torch_output(self, f: TorchFlow) -> list:
         mod = f.module
-        mu_layer, sigma_layer, clip, clip_t, torch = mod.fast[self.name]  # torch bound once: an import here costs per call
+        if f.sampling is None and f.vec and f.inplace:  # the eager one-row form (torch_row)
+            return mod.rows[self.name](mod, f.h)
+        import torch
+
+        fast = mod.fast[self.name]
+        mu_layer, sigma_layer = fast[:2]
         mu_p = mu_layer._parameters
         if f.vec:  # Affine.apply_to's two forms, inline (a call costs ~1 us at batch 1)
             mu = torch.addmv(mu_p["bias"], mu_p["weight"], f.h)[None]
         else:
             mu = torch.addmm(mu_p["bias"], f.h, mu_p["weight"].t())
+        if f.sampling is None:
+            return [_deterministic(fast, mu, f.inplace)]
         if mu.dtype != torch.float32:
             mu = mu.float()
-        if f.sampling is None:
-            if clip:
-                if f.inplace:
-                    mu = mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(clip_t if mu.is_cpu else C.ACTION_CLIP)
-                else:
-                    mu = torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
-            return [mu]
         spec = mod.spec
         if spec.conditional_sigma:
             log_sigma = sigma_layer.apply_to(f.h, f.vec)
@@ -168,3 +180,17 @@ class Continuous(Block):
         s = add(mu, mul(exp(ls), Bounded.exact(f64(r.noise))))
         out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
         r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err
+
+
+def _deterministic(fast, mu, inplace: bool):
+    """The deterministic action from ``mu`` (float32): clipped to +-ACTION_CLIP and scaled to [-1, 1]
+    unless the head squashes with tanh; in place with autograd off (dividing by the 0-d float32 clip
+    on the CPU: the same IEEE division as by the number, without wrapping it on every call)."""
+    _, _, clip, clip_t, f32, clamp = fast
+    if mu.dtype != f32:
+        mu = mu.float()
+    if not clip:
+        return mu
+    if inplace:
+        return mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(clip_t if mu.is_cpu else C.ACTION_CLIP)
+    return clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP

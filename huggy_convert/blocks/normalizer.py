@@ -131,20 +131,27 @@ class Normalizer(Block):
                 keys.append((mean_key, div_key))
         module.fast[self.name] = (tuple((i, C.OBS_INPUT.format(i=i)) for i, _ in spec.vector_obs), tuple(keys))
 
+    def torch_row(self, module):
+        names, norm_keys = module.fast[self.name]
+        return {i: _normalize_inplace(norm_keys[j] if norm_keys else None) for j, (i, _) in enumerate(names)}
+
     def torch_observe(self, f: TorchFlow) -> None:
         mod = f.module
-        ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, mod._buffers  # the pinned buffers (.to() swaps them)
         names, norm_keys = mod.fast[self.name]
-        feed, encoded, inplace = f.feed, f.encoded, f.inplace
+        feed, encoded = f.feed, f.encoded
+        if f.inplace:  # the in-place form (torch_row), for any batch
+            rows = mod.rows[self.name]
+            for i, name in names:
+                encoded[i] = rows[i](mod, feed[name])
+            return
+        ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, mod._buffers  # the pinned buffers (.to() swaps them)
         for j, (i, name) in enumerate(names):
             x = feed[name]
             if norm_keys:
                 mean_key, div_key = norm_keys[j]
                 if x.dtype != ndt:
                     x = x.to(ndt)
-                x = x - bufs[mean_key]
-                x = x.div_(bufs[div_key]).clamp_(-C.NORM_CLIP, C.NORM_CLIP) if inplace else \
-                    (x / bufs[div_key]).clamp(-C.NORM_CLIP, C.NORM_CLIP)
+                x = ((x - bufs[mean_key]) / bufs[div_key]).clamp(-C.NORM_CLIP, C.NORM_CLIP)
             if x.dtype != cdt:
                 x = x.to(cdt)
             encoded[i] = x
@@ -241,3 +248,22 @@ class Normalizer(Block):
                 x[-1] = 0.0
             feed[C.OBS_INPUT.format(i=i)] = x.astype(np.float32)
         return feed
+
+
+def _normalize_inplace(keys):
+    """One observation's normalizer with autograd off: ``x - mean`` then in place ``/ divisor`` and the
+    clip (the same arithmetic and bits as the functional form, fewer allocations), in the pinned
+    (float32) dtype, then cast to the compute dtype; ``keys``: its (mean, divisor) buffer names, or
+    None without normalization."""
+    clip = C.NORM_CLIP
+
+    def row(mod, x):
+        if keys is not None:
+            if x.dtype != mod.normalizer_dtype:
+                x = x.to(mod.normalizer_dtype)
+            bufs = mod._buffers
+            x = (x - bufs[keys[0]]).div_(bufs[keys[1]]).clamp_(-clip, clip)
+        if x.dtype != mod.compute_dtype:
+            x = x.to(mod.compute_dtype)
+        return x
+    return row

@@ -93,6 +93,21 @@ class PolicyModule(nn.Module):
         self._encode = tuple(b.torch_encode for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode"))
         self._output = tuple(b.torch_output for b in blocks.active(spec) if b.has("torch_output"))  # output order
         self._row_as_vector = all(b.row_as_vector for b in blocks.active(spec))
+        # each block's eager form with autograd off (Block.torch_row), and where every block of the forward has
+        # one and there is a single vector input, their chain: one row then runs without the flow
+        self.rows = {b.name: r for b in blocks.active(spec) if (r := b.torch_row(self)) is not None}
+        self._row_plan = self._plan(spec)
+
+    def _plan(self, spec):
+        observe = [b for b in blocks.in_stage(blocks.OBSERVE, spec) if b.has("torch_observe")]
+        encode = [b for b in blocks.in_stage(blocks.ENCODE, spec) if b.has("torch_encode")]
+        output = [b for b in blocks.active(spec) if b.has("torch_output")]
+        if (not self._row_as_vector or len(self._input_names) != 1 or self._own_obs != (0,) or self._append
+                or len(observe) != 1 or not all(b.name in self.rows for b in observe + encode + output)
+                or 0 not in self.rows[observe[0].name]):
+            return None
+        return self.rows[observe[0].name][0], tuple(self.rows[b.name] for b in encode), \
+            tuple(self.rows[b.name] for b in output)
 
     # --- what the blocks register ---------------------------------------------------------
     def affine(self, weight: np.ndarray, bias: np.ndarray) -> Affine:
@@ -123,6 +138,8 @@ class PolicyModule(nn.Module):
         for n, old in saved.items():
             moved = getattr(self, n)
             self.register_buffer(n, old.to(device=moved.device, dtype=self.normalizer_dtype))
+        # the compute dtype is the weights' (.half() / .to(float64) cast them): what the normalized input is cast to
+        self.compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), self.compute_dtype)
         return self
 
     @property
@@ -165,7 +182,20 @@ class PolicyModule(nn.Module):
         return tuple(out)
 
     def forward(self, *inputs):
-        """The deterministic outputs (``spec.deterministic_output_names()``)."""
+        """The deterministic outputs (``spec.deterministic_output_names()``). One row, eager with autograd
+        off, where the spec has a row plan: the blocks' rows chained, the flow skipped (at batch 1 each
+        Python step runs on caches the weights just evicted: the plan is the fewest)."""
+        plan = self._row_plan
+        if plan is not None and not torch.compiler.is_compiling() and not torch.is_grad_enabled() \
+                and inputs[0].size(0) == 1:  # eager first: a traced batch is never compared with 1
+            observe, encode, output = plan
+            h = observe(self, inputs[0])[0]
+            for e in encode:
+                h = e(self, h)
+            out = []
+            for o in output:
+                out += o(self, h)
+            return tuple(out)
         return self._run(inputs, None)
 
     def draw_noise(self, batch: int, seed: int):
