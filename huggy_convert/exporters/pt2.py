@@ -91,10 +91,26 @@ def _save(ep) -> bytes:
     return buf.getvalue()
 
 
+def _tensor_record(tensors) -> Dict[str, tuple]:
+    """Each tensor's dtype, shape and bytes (a copy: what a later policy is compared with, bit for bit)."""
+    return {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in tensors.items()}
+
+
+def _same_tensors(record: Dict[str, tuple], tensors) -> bool:
+    return record.keys() == tensors.keys() and all(
+        (v.dtype.str, v.shape) == record[k][:2] and v.tobytes() == record[k][2] for k, v in tensors.items())
+
+
 class ProgramWriter:
     """``.pt2`` bytes for policies, the graph traced once per architecture (thread-safe).
 
-    ``fast``: write later archives with the graph serialized once (see the module docstring)."""
+    ``fast``: write later archives with the graph serialized once (see the module docstring).
+
+    A program's bytes are a function of the policy's spec and tensors alone (the module is built
+    from nothing else, and the archive holds no time or path): the writer keeps the last archive it
+    wrote per architecture with the tensors it came from, and a policy whose tensors are those, bit
+    for bit, gets those bytes again without a second build (check 6 of a conversion regenerates the
+    ``.pt2`` from the ``.safetensors`` read back: the same tensors as the checkpoint's, or a failure)."""
 
     def __init__(self, fast: bool = False):
         self.fast = fast
@@ -102,6 +118,7 @@ class ProgramWriter:
         self._graphs: Dict[object, Optional[object]] = {}  # spec -> serialized graph (None: save)
         self._locks: Dict[object, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._last: Dict[object, tuple] = {}  # spec -> (tensor record, bytes) of the last program written
         self.notes: List[str] = []
 
     def _trace(self, policy, module) -> Optional[bytes]:
@@ -133,6 +150,15 @@ class ProgramWriter:
             return real
 
     def program_bytes(self, policy) -> bytes:
+        spec = policy.spec
+        last = self._last.get(spec)
+        if last is not None and _same_tensors(last[0], policy.tensors):
+            return last[1]
+        data = self._program_bytes(policy)
+        self._last[spec] = (_tensor_record(policy.tensors), data)
+        return data
+
+    def _program_bytes(self, policy) -> bytes:
         import torch
 
         from .torch_module import build_module
