@@ -91,14 +91,18 @@ def _save(ep) -> bytes:
     return buf.getvalue()
 
 
-def _tensor_record(tensors) -> Dict[str, tuple]:
-    """Each tensor's dtype, shape and bytes (a copy: what a later policy is compared with, bit for bit)."""
-    return {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in tensors.items()}
+def _same_tensors(kept, tensors) -> bool:
+    """The same names, dtypes, shapes and bytes; never an array compared with itself or a view of it
+    (a policy changed in place since would compare equal to what it was)."""
+    import numpy as np
 
+    def same(a, b):
+        if a.dtype != b.dtype or a.shape != b.shape or np.may_share_memory(a, b):
+            return False
+        a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
+        return np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
-def _same_tensors(record: Dict[str, tuple], tensors) -> bool:
-    return record.keys() == tensors.keys() and all(
-        (v.dtype.str, v.shape) == record[k][:2] and v.tobytes() == record[k][2] for k, v in tensors.items())
+    return kept.keys() == tensors.keys() and all(same(kept[k], v) for k, v in tensors.items())
 
 
 class ProgramWriter:
@@ -107,10 +111,11 @@ class ProgramWriter:
     ``fast``: write later archives with the graph serialized once (see the module docstring).
 
     A program's bytes are a function of the policy's spec and tensors alone (the module is built
-    from nothing else, and the archive holds no time or path): the writer keeps the last archive it
-    wrote per architecture with the tensors it came from, and a policy whose tensors are those, bit
-    for bit, gets those bytes again without a second build (check 6 of a conversion regenerates the
-    ``.pt2`` from the ``.safetensors`` read back: the same tensors as the checkpoint's, or a failure)."""
+    from nothing else, and the archive holds no time or path): the writer keeps the archive it wrote
+    last per architecture with the policy's tensors, until its next call for that architecture; a
+    policy whose tensors equal those, bit for bit, then gets those bytes again without a second build
+    (check 6 of a conversion regenerates the ``.pt2`` from the ``.safetensors`` read back: the same
+    tensors as the checkpoint's, or a failure)."""
 
     def __init__(self, fast: bool = False):
         self.fast = fast
@@ -118,7 +123,7 @@ class ProgramWriter:
         self._graphs: Dict[object, Optional[object]] = {}  # spec -> serialized graph (None: save)
         self._locks: Dict[object, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._last: Dict[object, tuple] = {}  # spec -> (tensor record, bytes) of the last program written
+        self._last: Dict[object, tuple] = {}  # spec -> (tensors, bytes) of the last program written
         self.notes: List[str] = []
 
     def _trace(self, policy, module) -> Optional[bytes]:
@@ -151,11 +156,13 @@ class ProgramWriter:
 
     def program_bytes(self, policy) -> bytes:
         spec = policy.spec
-        last = self._last.get(spec)
+        last = self._last.pop(spec, None)  # kept for one call: nothing outlives the conversion that wrote it
         if last is not None and _same_tensors(last[0], policy.tensors):
             return last[1]
+        traced = spec in self._programs
         data = self._program_bytes(policy)
-        self._last[spec] = (_tensor_record(policy.tensors), data)
+        if traced:  # not the call that traced (a batch traces in the parent, before its workers fork)
+            self._last[spec] = (dict(policy.tensors), data)
         return data
 
     def _program_bytes(self, policy) -> bytes:

@@ -120,6 +120,19 @@ def _same_feed(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
         for x, y in ((a[k], b[k]) for k in a))
 
 
+def _once(seen: list, session, feed):
+    """``ort_run(session, feed)``, once per feed (``seen``: the feeds run so far, with their outputs):
+    checks 3 and 4 and the golden file run one session on the same probes; they share its outputs
+    (a CPU session on one thread gives the same bytes for the same input: check 5 runs every row
+    twice to prove it)."""
+    for f, out in seen:
+        if _same_feed(f, feed):
+            return out
+    out = ort_run(session, feed)
+    seen.append((dict(feed), out))
+    return out
+
+
 def _without_noise(ref):
     """A float64 reference run with injected noise, as the forward without it: ``continuous_actions``
     (the one output the noise enters) left out."""
@@ -151,7 +164,7 @@ class Context:
         self.policies = {"ours": policy, "official": policy}
         self._prepared: Dict[str, Float64Policy] = {}
         self._refs: Dict[tuple, object] = {}
-        self._outputs: Dict[str, list] = {}  # session -> [(feed, outputs)]: each feed run once (see _once)
+        self._outputs: Dict[str, list] = {}  # session -> [(feed, outputs)]: each feed run once (_once)
         self.rebuilt = rebuilt
 
     @property
@@ -159,23 +172,11 @@ class Context:
         """The official ONNX divides by other divisors than the policy (1 ulp apart, by request)."""
         return self.policies["official"] is not self.policy
 
-    def _once(self, which: str, run, feed):
-        """``run(feed)``, once per feed: checks 3 and 4 and the golden file run one session on the same
-        probes (bitwise-equal feeds); they share its outputs (an onnxruntime CPU session on one thread
-        gives the same bytes for the same input; check 5 runs every row twice to prove it)."""
-        seen = self._outputs.setdefault(which, [])
-        for f, out in seen:
-            if _same_feed(f, feed):
-                return out
-        out = run(feed)
-        seen.append((dict(feed), out))
-        return out
-
     def run_ours(self, feed):
-        return self._once("ours", lambda f: ort_run(self.ours_sess, f), feed)
+        return _once(self._outputs.setdefault("ours", []), self.ours_sess, feed)
 
     def run_ours_noise(self, feed):
-        return self._once("ours_noise", lambda f: ort_run(self.ours_noise, f), feed)
+        return _once(self._outputs.setdefault("ours_noise", []), self.ours_noise, feed)
 
     def run_ours_row(self, feed):
         """The rebuilt ONNX's session on ``feed``, run each call (the fingerprints' rows)."""
@@ -238,9 +239,9 @@ class Context:
         try:
             off_sess = ort_session(official.SerializeToString())
             off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
-            self.run_ref = lambda name, feed: self._once("official", lambda f: ort_run(off_sess, f), feed)  # noqa: E731
-            self.run_ref_noise = ((lambda name, feed: self._once("official_noise", lambda f: ort_run(off_noise, f),  # noqa: E731
-                                                                 feed)) if off_noise else None)
+            ran, ran_noise = [], []  # (the closures hold no reference to self: no cycle keeps a Context alive)
+            self.run_ref = lambda name, feed: _once(ran, off_sess, feed)  # noqa: E731
+            self.run_ref_noise = (lambda name, feed: _once(ran_noise, off_noise, feed)) if off_noise else None  # noqa: E731
         except Exception as exc:
             out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {type(exc).__name__}: "
                                                 f"{' '.join(str(exc).split())[:200]}", id="outputs"))
