@@ -236,11 +236,13 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     with locked(out, arts.stem), arts.transaction() as tx:
         clean_stale_temporaries(out, arts.names())
         res.artifacts.update(tx.write_all(blobs, fsync=fsync))
-        blobs = None
+        wrote, blobs = blobs, None  # kept until check 6 has compared the files read back with them
         if o.verify:
             rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
                          subject=f"{arts.stem} ({src.name})",
-                         written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True)
+                         written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True,
+                         written_bytes=wrote)
+            wrote = None
             if ckpt.recovered is not None:
                 rep.notes.insert(0, f"the policy was recovered from {src.name} (converter.from_onnx): verified against "
                                     f"{reference.name if reference else 'no official ONNX'} as the official file")

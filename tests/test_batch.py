@@ -153,6 +153,18 @@ def test_profiles_newest_full_others_batch(huggy_out):
         assert e["profile"] == "batch" and "cpu float16" not in e["verify"]["module_max_abs"]
         rep = json.loads((out / f"{c.stem}.verify.json").read_text())
         assert any("batch verification profile" in n for n in rep["notes"])
+    # the batch profile's 16-step fingerprints (the reference's read off the 16 probe rows' forward):
+    # what the files give, computed afresh
+    from huggy_convert.converter import load_policy
+    from huggy_convert.runtime import ort_run, ort_session
+    from huggy_convert.verify.checks import fingerprint, reference_fingerprint
+
+    c = ckpts[0]
+    pol = load_policy(out / f"{c.stem}.safetensors")
+    fps = json.loads((out / f"{c.stem}.verify.json").read_text())["checks"][4]["figures"]["fingerprints"]
+    sess = ort_session((out / f"{c.stem}.onnx").read_bytes())
+    assert list(fps) == ["16"] and fps["16"]["reference"] == reference_fingerprint(pol, 16, 0)
+    assert fps["16"]["onnxruntime_rebuilt"] == fingerprint(lambda f: ort_run(sess, f), pol, 16, 0)
 
 
 def test_artifacts_equal_a_single_conversion(huggy_out, tmp_path):
@@ -171,7 +183,9 @@ def test_the_batch_program_writer_writes_what_torch_export_save_writes():
     writer) is byte for byte what a fresh trace of that checkpoint alone gives with torch.export.save,
     and torch.export.load reads that checkpoint's weights back from it."""
     import io
+    from dataclasses import replace
 
+    import numpy as np
     import torch
 
     from huggy_convert import contract as C
@@ -185,6 +199,19 @@ def test_the_batch_program_writer_writes_what_torch_export_save_writes():
     assert fa != fb and fb == alone and not fast.notes
     ep = torch.export.load(io.BytesIO(fb))
     assert ep.state_dict["mu.bias"].numpy().tobytes() == b.tensors[C.C_MU_B].tobytes()
+    # check 6 asks again for the policy read back (bitwise-equal tensors: the bytes just written); a
+    # policy 1 ulp away in one weight, or changed in place since, gets its own program
+    def copy(p, **change):
+        return replace(p, tensors=dict({k: v.copy() for k, v in p.tensors.items()}, **change))
+
+    assert fast.program_bytes(copy(b)) == fb
+    w = b.tensors[C.C_MU_B].copy()
+    w[0] = np.nextafter(w[0], np.float32(np.inf))
+    c = copy(b, **{C.C_MU_B: w})
+    fc = fast.program_bytes(c)
+    assert fc != fb and torch.export.load(io.BytesIO(fc)).state_dict["mu.bias"].numpy().tobytes() == w.tobytes()
+    w[0] = b.tensors[C.C_MU_B][0]  # c is b again, changed in place
+    assert fast.program_bytes(c) == fb and fast.program_bytes(copy(c)) == fb
 
 
 def test_manifest_csv_has_a_row_per_checkpoint(huggy_out):

@@ -316,6 +316,37 @@ def test_reference_fingerprint_is_the_same_batched_or_step_by_step():
         assert reference_fingerprint(pol, 64, 0) == fingerprint(Float64Policy(pol).values32, pol, 64, 0), ck.stem
 
 
+def test_the_float64_reference_runs_once_per_feed():
+    """Check 4's float64 reference runs once per feed: the forward with the injected noise gives the
+    one without it (every output and bound but continuous_actions), and a batch's 16-step reference
+    fingerprint reads the forward of its 16 probe rows; each bitwise what a fresh Float64Policy
+    computes (every fixture)."""
+    from conftest import VARIANTS
+
+    from huggy_convert import contract as C
+    from huggy_convert.converter import convert_checkpoint
+    from huggy_convert.exporters.onnx_export import build_onnx
+    from huggy_convert.runtime.feeds import make_noise, make_probes
+    from huggy_convert.verify.bounds import Float64Policy
+    from huggy_convert.verify.checks import reference_fingerprint
+    from huggy_convert.verify.engine import Context
+
+    def same(a, b):
+        return list(a) == list(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+    for ck in [step_checkpoints(HUGGY_RUN)[-1]] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]:
+        pol = convert_checkpoint(ck).policy
+        ctx = Context(pol, build_onnx(pol), VerifyOptions(rows=16))
+        fresh, feed = Float64Policy(pol), make_probes(pol, 16, 0)
+        got, want = ctx.reference("ours", "probes"), fresh.forward(feed)  # (the noised forward first, if any)
+        assert same(got.values, want.values) and same(got.bounds, want.bounds), ck.stem
+        if pol.spec.continuous_size:
+            got, want = ctx.reference("ours", "probes", True), fresh.forward(feed, make_noise(pol, 16, 0))
+            assert C.OUT_CONT in got.values and same(got.values, want.values) and same(got.bounds, want.bounds)
+        f = reference_fingerprint(pol, 16, 0, ctx.prepared("ours"), make_probes(pol, 16, 0), ctx.values32)
+        assert f == reference_fingerprint(pol, 16, 0), ck.stem
+
+
 # --- the verification reads the files written (issue 11) ---------------------------------------
 def _flip_in_file(path, needle: bytes, bit: int = 0):
     """Flip one bit of the first byte of ``needle`` (bytes that occur once) in the file."""

@@ -457,24 +457,27 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
 
 
 # --- 5 ---------------------------------------------------------------------------------------
-def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=None) -> str:
+def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=None, probes=None,
+                          values32=None) -> str:
     """:func:`fingerprint` of the float64 reference (bounds.Float64Policy), its outputs rounded once to
     float32: the same on every host (a float64 result would have to lie within ~1e-16 of a float32
     rounding boundary to change the hash). Without a memory every step is independent: the whole
     sequence runs as one batch, hashed step by step as :func:`fingerprint` hashes it. ``prepared``: the
-    policy's bounds.Float64Policy, when the caller has one."""
+    policy's bounds.Float64Policy, when the caller has one; ``probes``: ``make_probes(policy, steps,
+    seed)``, when the caller has drawn them; ``values32``: what gives ``prepared.values32`` of a feed
+    (the verifier's, which reuses a forward already run on the same feed)."""
     from .bounds import Float64Policy
     from ..runtime.feeds import make_probes
     from ..runtime.threads import torch_threads
 
     ref = prepared or Float64Policy(policy)
     if policy.spec.memory_size:
-        return fingerprint(ref.values32, policy, steps, seed)
-    feed = make_probes(policy, rows=steps, seed=seed)
+        return fingerprint(ref.values32, policy, steps, seed, probes)
+    feed = dict(make_probes(policy, rows=steps, seed=seed) if probes is None else probes)
     if policy.spec.discrete_branches:
         feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
     with torch_threads():
-        out = ref.values32(feed)
+        out = (values32 or ref.values32)(feed)
     h = hashlib.sha256()
     for t in range(steps):
         for name in (C.OUT_CONT_DET, C.OUT_DISC_DET):
@@ -483,25 +486,27 @@ def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=No
     return h.hexdigest()
 
 
-def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0) -> str:
+def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0, probes=None) -> str:
     """sha256 over the float32 bytes of a seeded ``steps``-long action sequence.
 
     Observation t is drawn from ``default_rng(seed)`` at the normalizer's scale; an LSTM's
     memory is fed back; discrete masks allow everything. Row by row, torch on
     ``runtime.VERIFY_THREADS`` threads (``runtime.torch_threads``): each action is one row's own
-    forward, so neither the batch nor the process's thread count enters the bytes hashed."""
+    forward, so neither the batch nor the process's thread count enters the bytes hashed. ``probes``:
+    ``make_probes(policy, steps, seed)``, when the caller has drawn them (read, never changed)."""
     from ..runtime.feeds import make_probes
     from ..runtime.threads import torch_threads
 
     with torch_threads():
-        return _fingerprint(step_fn, make_probes(policy, rows=steps, seed=seed), policy, steps)
+        return _fingerprint(step_fn, make_probes(policy, rows=steps, seed=seed) if probes is None else probes,
+                            policy, steps)
 
 
 def _fingerprint(step_fn, feed_all, policy: Policy, steps: int) -> str:
     h = hashlib.sha256()
     mem = np.zeros((1, 1, policy.spec.memory_size), np.float32) if policy.spec.memory_size else None
     for t in range(steps):
-        feed = {k: v[t:t + 1] for k, v in feed_all.items()}
+        feed = {k: v[t:t + 1].copy() for k, v in feed_all.items()}  # a copy: feed_all stays as drawn
         if policy.spec.discrete_branches:
             feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
         if mem is not None:

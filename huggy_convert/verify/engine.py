@@ -113,6 +113,35 @@ def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
     return replace(policy, tensors=tensors)
 
 
+def _same_feed(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
+    """The same inputs, bit for bit (names, dtypes, shapes, bytes)."""
+    return a.keys() == b.keys() and all(
+        x is y or (x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes())
+        for x, y in ((a[k], b[k]) for k in a))
+
+
+def _once(seen: list, session, feed):
+    """``ort_run(session, feed)``, once per feed (``seen``: the feeds run so far, with their outputs):
+    checks 3 and 4 and the golden file run one session on the same probes; they share its outputs
+    (a CPU session on one thread gives the same bytes for the same input: check 5 runs every row
+    twice to prove it)."""
+    for f, out in seen:
+        if _same_feed(f, feed):
+            return out
+    out = ort_run(session, feed)
+    seen.append((dict(feed), out))
+    return out
+
+
+def _without_noise(ref):
+    """A float64 reference run with injected noise, as the forward without it: ``continuous_actions``
+    (the one output the noise enters) left out."""
+    from .bounds import Reference as Ref64
+
+    return Ref64({k: v for k, v in ref.values.items() if k != C.OUT_CONT},
+                 {k: v for k, v in ref.bounds.items() if k != C.OUT_CONT}, ref.logits)
+
+
 class Context:
     """What checks 2-4 share for one policy: the rebuilt ONNX's sessions, the feeds (seeded probes,
     plus the golden inputs ML-Agents' generator wrote beside an official file), the injected noise,
@@ -135,6 +164,7 @@ class Context:
         self.policies = {"ours": policy, "official": policy}
         self._prepared: Dict[str, Float64Policy] = {}
         self._refs: Dict[tuple, object] = {}
+        self._outputs: Dict[str, list] = {}  # session -> [(feed, outputs)]: each feed run once (_once)
         self.rebuilt = rebuilt
 
     @property
@@ -143,10 +173,14 @@ class Context:
         return self.policies["official"] is not self.policy
 
     def run_ours(self, feed):
-        return ort_run(self.ours_sess, feed)
+        return _once(self._outputs.setdefault("ours", []), self.ours_sess, feed)
 
     def run_ours_noise(self, feed):
-        return ort_run(self.ours_noise, feed)
+        return _once(self._outputs.setdefault("ours_noise", []), self.ours_noise, feed)
+
+    def run_ours_row(self, feed):
+        """The rebuilt ONNX's session on ``feed``, run each call (the fingerprints' rows)."""
+        return ort_run(self.ours_sess, feed)
 
     def prepared(self, role: str) -> Float64Policy:
         if role not in self._prepared:
@@ -156,12 +190,31 @@ class Context:
         return self._prepared[role]
 
     def reference(self, role: str, feed_name: str, with_noise: bool = False):
-        """The float64 reference of ``role`` on feed ``feed_name`` (with its injected noise)."""
-        key = (self.prepared(role), feed_name, with_noise)
+        """The float64 reference of ``role`` on feed ``feed_name`` (with its injected noise). A feed with
+        noise runs one forward for both: the injected noise enters ``continuous_actions`` only, every
+        other output and bound is the forward's without it (``_without_noise``)."""
+        prep = self.prepared(role)
+        key = (prep, feed_name, with_noise)
         if key not in self._refs:
-            noise = self.noises.get(feed_name) if with_noise else None
-            self._refs[key] = self.prepared(role).forward(self.feeds[feed_name], noise)
+            noise = self.noises.get(feed_name)
+            if noise is None:
+                self._refs[key] = prep.forward(self.feeds[feed_name])
+            else:
+                full = prep.forward(self.feeds[feed_name], noise)
+                self._refs[(prep, feed_name, True)] = full
+                self._refs[(prep, feed_name, False)] = _without_noise(full)
         return self._refs[key]
+
+    def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """``Float64Policy.values32`` of the policy on ``feed`` (the reference fingerprint): the values of
+        a forward already run on a bitwise-equal feed (a batch's 16 probe rows are its 16-step
+        fingerprint's; the bounds never enter the values), else a forward of the values alone."""
+        prep = self.prepared("ours")
+        for (p, name, _), ref in self._refs.items():
+            if p is prep and _same_feed(self.feeds[name], feed):
+                return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v)
+                        for k, v in ref.values.items() if k != C.OUT_CONT}
+        return prep.values32(feed)
 
     def judge_pair(self, role_a: str, role_b: str):
         """check_outputs' fallback: two float32 results of the roles' references, by the derived bound."""
@@ -186,8 +239,9 @@ class Context:
         try:
             off_sess = ort_session(official.SerializeToString())
             off_noise = ort_session(with_noise_input(official).SerializeToString()) if spec.continuous_size else None
-            self.run_ref = lambda name, feed: ort_run(off_sess, feed)  # noqa: E731
-            self.run_ref_noise = (lambda name, feed: ort_run(off_noise, feed)) if off_noise else None  # noqa: E731
+            ran, ran_noise = [], []  # (the closures hold no reference to self: no cycle keeps a Context alive)
+            self.run_ref = lambda name, feed: _once(ran, off_sess, feed)  # noqa: E731
+            self.run_ref_noise = (lambda name, feed: _once(ran_noise, off_noise, feed)) if off_noise else None  # noqa: E731
         except Exception as exc:
             out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {type(exc).__name__}: "
                                                 f"{' '.join(str(exc).split())[:200]}", id="outputs"))
@@ -268,11 +322,14 @@ def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
 
 
 def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy, rebuilt: onnx.ModelProto,
-                written: Optional[Dict[str, str]], regenerate: Sequence[str], writer=None) -> Check:
+                written: Optional[Dict[str, str]], regenerate: Sequence[str], writer=None,
+                written_bytes: Optional[Dict[str, bytes]] = None) -> Check:
     """Check 6: the written files (``files``: kind -> the bytes read back) are the bytes their
     conversion wrote (``written``: sha256 per kind, given by the conversion or recorded in the earlier
     report) and the kinds in ``regenerate`` (``.onnx``, ``.pt2``) are exactly what the policy read back
-    from the ``.safetensors`` gives."""
+    from the ``.safetensors`` gives. ``written_bytes``: the bytes the conversion wrote, where it still
+    has them (``written`` their sha256): a file read back equal to them, byte for byte, has their
+    sha256 without hashing it again."""
     from ..exporters.onnx_export import build_onnx
     from ..exporters.pt2 import program_bytes
 
@@ -280,8 +337,9 @@ def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy,
     found: Dict[str, str] = {}
     for kind, data in files.items():
         name = artifacts.name(kind)
-        found[kind] = sha256_bytes(data)
         want = (written or {}).get(kind)
+        mine = (written_bytes or {}).get(kind)
+        found[kind] = want if want is not None and mine is not None and mine == data else sha256_bytes(data)
         if want is not None:
             same = found[kind] == want
             c.add(Check(name, PASS if same else FAIL,
@@ -422,9 +480,10 @@ def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Chec
     cpu32 = cpu32 or module_runner(build_module(policy, "cpu", "float32"))
     fps = {}
     for steps in o.fingerprint_steps:
-        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared("ours"))
-        a, b = (K.fingerprint(cpu32, policy, steps, o.seed) for _ in range(2))
-        ra, rb = (K.fingerprint(ctx.run_ours, policy, steps, o.seed) for _ in range(2))
+        probes = make_probes(policy, rows=steps, seed=o.seed)  # drawn once: every run below reads them
+        f = K.reference_fingerprint(policy, steps, o.seed, ctx.prepared("ours"), probes, ctx.values32)
+        a, b = (K.fingerprint(cpu32, policy, steps, o.seed, probes) for _ in range(2))
+        ra, rb = (K.fingerprint(ctx.run_ours_row, policy, steps, o.seed, probes) for _ in range(2))
         fps[steps] = {"reference": f, "torch_cpu_float32": a, "onnxruntime_rebuilt": ra}
         c5.add(Check(f"{steps} steps", PASS if a == b and ra == rb else FAIL,
                      f"reference {f[:16]}… (float64, any host); this host: torch cpu {a[:12]}… "
@@ -433,7 +492,7 @@ def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Chec
         for dev in devices:
             if dev == "cpu" or (dev.split(":")[0] == NPU and not torch_npu_installed()):  # no torch module there
                 continue
-            d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed)
+            d = K.fingerprint(module_runner(build_module(policy, dev, "float32")), policy, steps, o.seed, probes)
             fps[steps][f"torch_{dev}_float32"] = d
             c5.add(Check(f"{steps} steps on {dev}", PASS if d == a else WARN,
                          f"{d[:16]}… " + ("equal to cpu" if d == a else "differs from cpu (device arithmetic differs; "
@@ -461,7 +520,7 @@ def golden_of(ctx: Context) -> bytes:
 
 def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, options: Optional[VerifyOptions] = None, *,
            subject: Optional[str] = None, written: Optional[Dict[str, str]] = None, writer=None,
-           golden: bool = False, extra_modules: Sequence = ()) -> Report:
+           golden: bool = False, extra_modules: Sequence = (), written_bytes: Optional[Dict[str, bytes]] = None) -> Report:
     """Verify the files of ``artifacts`` as written: the ``.safetensors`` read back (check 1 against
     the checkpoint), the ``.onnx`` read back (2: against the official ONNX; 3: its outputs against the
     official's or the golden file's), every runtime (4: onnxruntime on the file, the torch module
@@ -470,7 +529,9 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
 
     ``written``: the sha256 of each file as the caller just wrote it (a conversion); without it (a
     re-verification) they are taken from the report beside the files, and the ``.onnx``/``.pt2`` are
-    regenerated from the ``.safetensors`` and compared byte for byte. ``golden``: put the golden
+    regenerated from the ``.safetensors`` and compared byte for byte. ``written_bytes``: the bytes
+    behind ``written``, where the caller still has them (check 6 compares each file read back with
+    them). ``golden``: put the golden
     file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
     built ones.
 
@@ -481,11 +542,13 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
     with torch_threads(VERIFY_THREADS):
-        return _verify(rep, artifacts, reference or Reference(), o, devices, written, writer, golden, extra_modules)
+        return _verify(rep, artifacts, reference or Reference(), o, devices, written, writer, golden, extra_modules,
+                       written_bytes)
 
 
 def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOptions, devices: List[str],
-            written: Optional[Dict[str, str]], writer, golden: bool, extra_modules: Sequence) -> Report:
+            written: Optional[Dict[str, str]], writer, golden: bool, extra_modules: Sequence,
+            written_bytes: Optional[Dict[str, bytes]] = None) -> Report:
     from ..converter.checkpoint import read_input_file
     from ..converter.policy_file import loads
 
@@ -534,7 +597,8 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
     again = (ONNX, PT2) if written is None else () if o.program_load else (PT2,)
     rep.checks.append(check_files(artifacts, files, policy, rebuilt, written if written is not None
-                                  else _recorded_written(artifacts), again, writer))
+                                  else _recorded_written(artifacts), again, writer,
+                                  written_bytes if written is not None else None))
     if golden:
         rep.golden = golden_of(ctx)
     return rep
