@@ -1,4 +1,4 @@
-"""Host-independent float32 arithmetic: the normalizer's divisor and ulp distances.
+"""Host-independent float32 arithmetic: the normalizer's divisor, ulp distances, bitwise equality.
 
 torch's float32 ``sqrt`` on the CPU goes through MKL's vector math, whose result depends on the
 CPU (exact on MKL's AVX2 path, 1 ulp off on ~0.67 % of elements on its AVX-512 path, ~17 % on its
@@ -38,3 +38,13 @@ def ordered_int(a: np.ndarray) -> np.ndarray:
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distance in float32 units in the last place (0 for bitwise equal)."""
     return np.abs(ordered_int(a) - ordered_int(b))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same dtype, shape and bytes (bit for bit: -0.0 is not 0.0, a NaN equals its own bits)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def same_arrays(a, b) -> bool:
+    """Two name -> array maps with the same names and every array ``same_bits``."""
+    return a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)

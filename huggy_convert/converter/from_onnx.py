@@ -41,6 +41,7 @@ import numpy as np
 from .. import blocks
 from .. import contract as C
 from ..errors import HuggyError, InputError, UnsupportedError
+from ..numerics import same_bits
 from .checkpoint import Checkpoint, clip
 from .reference import goal_obs_from_reference, input_hints
 from .spec import PolicySpec
@@ -329,10 +330,6 @@ def _io_text(elem_type: int, dims) -> str:
     return f"{kind.lower()}{['batch' if d is None else d for d in dims]}"
 
 
-def _same_value(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
 def match_graph(model, reference, path=None, collect: bool = True) -> Dict[str, np.ndarray]:
     """``model`` computes what ``reference`` computes, node for node: the same op types, attributes,
     Constant values and wires, and (``collect=False``) the same initializers, bit for bit. With
@@ -370,10 +367,10 @@ def match_graph(model, reference, path=None, collect: bool = True) -> Dict[str, 
                 va, vb = ours.values[a], ref.values[b]
                 if collect and tb[0] == "init":
                     name = ref.origin[b]
-                    if name in found and not _same_value(found[name], va):
+                    if name in found and not same_bits(found[name], va):
                         raise _not_ml_agents(f"input {s} of {where} differs from the same tensor read earlier", path)
                     found[name] = va
-                elif not _same_value(va, vb):
+                elif not same_bits(va, vb):
                     raise _not_ml_agents(f"input {s} of {where} is {_value_text(va)}, ML-Agents' graph has "
                                          f"{_value_text(vb)}", path)
             elif ta != tb:

@@ -92,17 +92,14 @@ def _save(ep) -> bytes:
 
 
 def _same_tensors(kept, tensors) -> bool:
-    """The same names, dtypes, shapes and bytes; never an array compared with itself or a view of it
-    (a policy changed in place since would compare equal to what it was)."""
+    """``numerics.same_arrays``, never an array compared with itself or a view of it (a policy changed in
+    place since would compare equal to what it was)."""
     import numpy as np
 
-    def same(a, b):
-        if a.dtype != b.dtype or a.shape != b.shape or np.may_share_memory(a, b):
-            return False
-        a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
-        return np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    from ..numerics import same_arrays
 
-    return kept.keys() == tensors.keys() and all(same(kept[k], v) for k, v in tensors.items())
+    return not any(np.may_share_memory(kept[k], v) for k, v in tensors.items() if k in kept) \
+        and same_arrays(kept, tensors)
 
 
 class ProgramWriter:

@@ -14,6 +14,7 @@ import onnx
 from .. import __version__
 from .. import contract as C
 from ..artifacts import BUILT, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
+from ..numerics import same_arrays
 from ..converter import Checkpoint, Policy, atomic_write_bytes
 from ..converter.checkpoint import load_npz
 from ..errors import HuggyError
@@ -113,20 +114,13 @@ def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
     return replace(policy, tensors=tensors)
 
 
-def _same_feed(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
-    """The same inputs, bit for bit (names, dtypes, shapes, bytes)."""
-    return a.keys() == b.keys() and all(
-        x is y or (x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes())
-        for x, y in ((a[k], b[k]) for k in a))
-
-
 def _once(seen: list, session, feed):
     """``ort_run(session, feed)``, once per feed (``seen``: the feeds run so far, with their outputs):
     checks 3 and 4 and the golden file run one session on the same probes; they share its outputs
     (a CPU session on one thread gives the same bytes for the same input: check 5 runs every row
     twice to prove it)."""
     for f, out in seen:
-        if _same_feed(f, feed):
+        if same_arrays(f, feed):
             return out
     out = ort_run(session, feed)
     seen.append((dict(feed), out))
@@ -211,7 +205,7 @@ class Context:
         fingerprint's; the bounds never enter the values), else a forward of the values alone."""
         prep = self.prepared("ours")
         for (p, name, _), ref in self._refs.items():
-            if p is prep and _same_feed(self.feeds[name], feed):
+            if p is prep and same_arrays(self.feeds[name], feed):
                 return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v)
                         for k, v in ref.values.items() if k != C.OUT_CONT}
         return prep.values32(feed)
