@@ -20,7 +20,11 @@ The floor is measured in a fresh interpreter with one torch thread (``floor_chil
 one ``torch._dynamo`` import and trace (paid once, in the pool's parent), and per checkpoint, on a
 sample: reading and hashing the source, reading its ``Policy``, writing and hashing the artifacts,
 two fresh onnxruntime sessions (one session reused for new weights is not bitwise: ruled out) and
-the verification forwards; the per-checkpoint part divided by the workers.
+the verification forwards; the per-checkpoint part divided by the workers. Beside it, the same floor
+with what the project's rules add, each by the library call alone (the artifacts' bytes,
+``onnx.checker`` with ``full_check``, the files read back, check 5's second run of each fingerprint),
+and the project's own ``convert_item`` timed on the same checkpoints in that process: its cost per
+checkpoint against that floor's.
 
     python benchmarks/batch.py [--count 201] [--jobs N] [--singles 3] [--keep DIR]
     python benchmarks/batch.py --baseline DIR [--rounds 3]   # this tree vs another checkout, interleaved
@@ -201,7 +205,8 @@ def import_torch_wall(reps: int = 3) -> float:
 
 
 def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
-    """(fresh interpreter, one torch thread) print JSON: the work no batch can skip, measured.
+    """(fresh interpreter, one torch thread) print JSON: the work no batch can skip, measured, and the
+    project's own cost per checkpoint on the same sample, serially.
 
     ``imports``: onnx, onnxruntime, safetensors, click and the package after torch (torch's own import
     is the ``python -c "import torch"`` wall measured beside it); ``dynamo``: the first
@@ -210,7 +215,14 @@ def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
     ``Policy`` tensors read (the allow-listed reader), writing the four artifacts and their sha256,
     two onnxruntime sessions (the file written and the official / regenerated one: a fresh session
     each, not reusable bitwise), and the verification forwards (16 probe rows and a 16-step
-    fingerprint through onnxruntime and the torch module, the float64 reference on the rows)."""
+    fingerprint through onnxruntime and the torch module, the float64 reference on the rows).
+
+    ``rules``: what the project's rules add to that, each by the library call alone: the artifacts'
+    bytes (``safetensors.torch.save``, the ONNX graph built and serialized, the ``.pt2`` with its
+    graph serialized once), ``onnx.checker`` with ``full_check``, the three artifacts read back and
+    the ``.safetensors`` parsed (verification reads the files written), and check 5's second run of
+    each fingerprint (determinism). ``ours``: ``batch.convert_item`` (the batch profile) on the same
+    checkpoints, one after another in this process, ms each."""
     import hashlib
 
     t = time.perf_counter()
@@ -219,12 +231,13 @@ def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
     torch.set_num_threads(1)
     t = time.perf_counter()
     import click  # noqa: F401
-    import onnx  # noqa: F401
+    import onnx
     import onnxruntime  # noqa: F401
-    import safetensors.torch  # noqa: F401
+    import safetensors.torch
 
     from huggy_convert.converter import load_checkpoint, save_policy  # noqa: F401
     from huggy_convert.exporters.onnx_export import build_onnx, model_bytes
+    from huggy_convert.exporters.pt2 import ProgramWriter
     from huggy_convert.exporters.torch_module import build_module, export_program
     from huggy_convert.pipeline import prepare_conversion
     from huggy_convert.runtime import ort_session
@@ -236,9 +249,19 @@ def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
     t = time.perf_counter()
     export_program(build_module(conv.policy))
     t_dynamo = time.perf_counter() - t
+    writer = ProgramWriter(fast=True)
+    writer.program_bytes(conv.policy)  # its trace (the parent's, in a batch)
     picks = files[:: max(1, len(files) // sample)][:sample]
     parts = {"read_sha256": 0.0, "load": 0.0, "write_sha256": 0.0, "sessions": 0.0, "forwards": 0.0}
+    rules = {"artifact_bytes": 0.0, "checker": 0.0, "read_back": 0.0, "determinism": 0.0}
     tmp = Path(tempfile.mkdtemp(prefix="huggy-floor-"))
+
+    def rows(sess, module, probes, names):
+        for i in range(16):
+            row = {k: v[i:i + 1] for k, v in probes.items()}
+            sess.run(None, row)
+            module(*[torch.from_numpy(row[k]) for k in names])
+
     try:
         for p in picks:
             t = time.perf_counter()
@@ -249,34 +272,75 @@ def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
             ck = load_checkpoint(p, data=data, sha256="-")
             parts["load"] += time.perf_counter() - t
             policy = prepare_conversion(ck, None).conversion.policy
-            onnx_b = model_bytes(build_onnx(policy))
-            blobs = [onnx_b, onnx_b, onnx_b, b"x" * 4096]  # ~ .safetensors, .onnx, .pt2 (each ~ the weights), golden
+            t = time.perf_counter()
+            st_b = safetensors.torch.save({k: torch.from_numpy(v) for k, v in policy.tensors.items()})
+            model = build_onnx(policy)
+            onnx_b = model_bytes(model)
+            pt2_b = writer.program_bytes(policy)
+            rules["artifact_bytes"] += time.perf_counter() - t
+            t = time.perf_counter()
+            onnx.checker.check_model(model, full_check=True)
+            rules["checker"] += time.perf_counter() - t
+            blobs = [st_b, onnx_b, pt2_b, b"x" * 4096]  # .safetensors, .onnx, .pt2, golden
             t = time.perf_counter()
             for k, b in enumerate(blobs):
                 (tmp / f"{k}.bin").write_bytes(b)
                 hashlib.sha256(b).hexdigest()
             parts["write_sha256"] += time.perf_counter() - t
             t = time.perf_counter()
-            sessions = [ort_session(onnx_b), ort_session(onnx_b)]
+            back = [(tmp / f"{k}.bin").read_bytes() for k in range(3)]
+            safetensors.torch.load(back[0])
+            rules["read_back"] += time.perf_counter() - t
+            t = time.perf_counter()
+            sessions = [ort_session(back[1]), ort_session(back[1])]
             parts["sessions"] += time.perf_counter() - t
             module = build_module(policy)
             probes = make_probes(policy, 16)
+            names = module.input_names
             t = time.perf_counter()
             sessions[0].run(None, probes)
-            names = module.input_names
             with torch.no_grad():
                 module(*[torch.from_numpy(probes[k]) for k in names])
-                for i in range(16):
-                    row = {k: v[i:i + 1] for k, v in probes.items()}
-                    sessions[1].run(None, row)
-                    module(*[torch.from_numpy(row[k]) for k in names])
+                rows(sessions[1], module, probes, names)
             Float64Policy(policy).forward(probes)
             parts["forwards"] += time.perf_counter() - t
+            t = time.perf_counter()
+            with torch.no_grad():
+                rows(sessions[1], module, probes, names)
+            rules["determinism"] += time.perf_counter() - t
+        ours = _ours_per_checkpoint(run, picks, tmp / "ours")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     per = {k: v / len(picks) for k, v in parts.items()}
     print(json.dumps({"import_torch_in_process": t_torch, "imports": t_imports, "dynamo": t_dynamo, "per": per,
+                      "rules": {k: v / len(picks) for k, v in rules.items()}, "ours": ours,
                       "files": len(files), "jobs": jobs, "sample": len(picks)}))
+
+
+def _ours_per_checkpoint(run: Path, picks, out: Path) -> float:
+    """Seconds per checkpoint of ``batch.convert_item`` (the batch profile: none of ``picks`` is the
+    newest) in this process, after one warm-up conversion."""
+    from huggy_convert import batch as HB
+    from huggy_convert.exporters.pt2 import ProgramWriter
+    from huggy_convert.pipeline import ConvertOptions
+    from huggy_convert.rundir import discover
+
+    out.mkdir(parents=True)
+    o = ConvertOptions()
+    found = discover(run, out)
+    light, full = HB.batch_profiles(o)
+    ctx = HB._Context(out=out, options=o, light=light, full=full, previous={}, force=False,
+                      writer=ProgramWriter(fast=True))
+    names = {p.name for p in picks}
+    items = [it for it in found.items if it.kind == "step" and not it.newest and it.path.name in names]
+    HB.warm_up(items, ctx)
+    HB.convert_item(items[0], ctx)
+    t = time.perf_counter()
+    for it in items:
+        e = HB.convert_item(it, ctx)
+        if e.get("status") != "ok":
+            raise SystemExit(f"{it.path.name}: {e.get('status')}: {e.get('error')}")
+    return (time.perf_counter() - t) / len(items)
 
 
 def patch_child(count: int) -> None:
@@ -459,14 +523,21 @@ def main(argv=None) -> int:
               f"marginal {1000 * per:.1f} ms per checkpoint, fixed {m['wall'] - k * per:.2f} s")
         fl = json.loads(subprocess.run([sys.executable, __file__, "--floor-child", str(run), str(s["jobs"])],
                                        check=True, capture_output=True, text=True).stdout)
-        pc = fl["per"]
-        each = sum(pc.values())
-        floor_s = t_import + fl["imports"] + fl["dynamo"] + n * each / fl["jobs"]
+        pc, rl = fl["per"], fl["rules"]
+        each, extra = sum(pc.values()), sum(rl.values())
+        fixed = t_import + fl["imports"] + fl["dynamo"]
+        floor_s = fixed + n * each / fl["jobs"]
+        rules_s = fixed + n * (each + extra) / fl["jobs"]
         print(f"floor (measured in a fresh interpreter, one torch thread, {fl['sample']} checkpoints sampled): "
               f"import torch {t_import:.2f} s + onnx/onnxruntime/safetensors/click/package {fl['imports']:.2f} s + "
               f"one torch._dynamo import and trace {fl['dynamo']:.2f} s + {n} x ("
               + " + ".join(f"{k} {1000 * v:.1f}" for k, v in pc.items())
               + f" = {1000 * each:.1f} ms) / {fl['jobs']} workers = {floor_s:.2f} s")
+        print(f"  + what the rules add, per checkpoint (" + " + ".join(f"{k} {1000 * v:.1f}" for k, v in rl.items())
+              + f" = {1000 * extra:.1f} ms): {rules_s:.2f} s")
+        print(f"  the project's own convert_item on the same {fl['sample']}, one after another in that process: "
+              f"{1000 * fl['ours']:.1f} ms per checkpoint = {fl['ours'] / (each + extra):.2f}x the floor's "
+              f"{1000 * (each + extra):.1f} ms with the rules' work")
         r = measure([run, tmp / "out", "--json", *jobs])
         rs = json.loads(r["out"])
         print(f"rerun (all {rs['skipped']} skipped, every source and output re-hashed): wall {r['wall']:.2f} s, "
@@ -486,13 +557,14 @@ def main(argv=None) -> int:
         print(f"separate invocations: mean {mean:.2f} s -> {est:.0f} s for {n} (extrapolated)")
         print("side by side (target):")
         print(f"  batch / import torch      {b['wall'] / t_import:6.2f}x  (<= 5x)   floor / import torch "
-              f"{floor_s / t_import:.2f}x")
+              f"{floor_s / t_import:.2f}x, with the rules' work {rules_s / t_import:.2f}x")
         print(f"  separate / batch          {est / b['wall']:6.1f}x  (>= 25x)")
         print(f"  PSS at {k} / {n} checkpoints  {m['pss']:.0f} / {b['pss']:.0f} MB  (<= 600 MB, flat)")
         print(f"  verify DIR / batch        {v['wall'] / b['wall']:6.2f}x  (<= 1x)")
         print(f"SUMMARY checkpoints={n} wall_s={b['wall']:.2f} import_torch_s={t_import:.2f} "
               f"batch_over_import={b['wall'] / t_import:.2f} floor_s={floor_s:.2f} "
-              f"floor_over_import={floor_s / t_import:.2f} separate_over_batch={est / b['wall']:.1f} "
+              f"floor_over_import={floor_s / t_import:.2f} rules_floor_over_import={rules_s / t_import:.2f} "
+              f"ours_ms={1000 * fl['ours']:.1f} rules_floor_ms={1000 * (each + extra):.1f} separate_over_batch={est / b['wall']:.1f} "
               f"pss_small_mb={m['pss']:.0f} pss_mb={b['pss']:.0f} verify_over_batch={v['wall'] / b['wall']:.2f} "
               f"marginal_ms={1000 * per:.1f} jobs={s['jobs']} cores={cores}")
         return 0
