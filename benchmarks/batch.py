@@ -533,7 +533,7 @@ def main(argv=None) -> int:
               f"one torch._dynamo import and trace {fl['dynamo']:.2f} s + {n} x ("
               + " + ".join(f"{k} {1000 * v:.1f}" for k, v in pc.items())
               + f" = {1000 * each:.1f} ms) / {fl['jobs']} workers = {floor_s:.2f} s")
-        print(f"  + what the rules add, per checkpoint (" + " + ".join(f"{k} {1000 * v:.1f}" for k, v in rl.items())
+        print("  + what the rules add, per checkpoint (" + " + ".join(f"{k} {1000 * v:.1f}" for k, v in rl.items())
               + f" = {1000 * extra:.1f} ms): {rules_s:.2f} s")
         print(f"  the project's own convert_item on the same {fl['sample']}, one after another in that process: "
               f"{1000 * fl['ours']:.1f} ms per checkpoint = {fl['ours'] / (each + extra):.2f}x the floor's "
