@@ -13,7 +13,8 @@ Fork-safety: the pool forks only from the thread that created it while no other 
 package runs (torch and onnxruntime are used with one thread: no OpenMP team exists to be
 inherited half-held); a worker never returns into the parent's stack (``os._exit``), dies with the
 parent (``PR_SET_PDEATHSIG`` on Linux) and on Ctrl-C (its task's ``ArtifactSet`` transaction
-rolls the files back first). A worker that dies (killed, out of memory) fails its task with one
+rolls the files back first; the first SIGINT interrupts the task, later ones are ignored, so
+nothing cuts the rollback short). A worker that dies (killed, out of memory) fails its task with one
 line and is replaced. Where ``fork`` is not available (Windows, macOS, where forking a process
 that loaded system frameworks is unsafe) or ``jobs`` is 1, the tasks run in a thread pool
 (``mode`` says which: ``processes``, ``threads`` or ``serial``).
@@ -63,6 +64,15 @@ def _die_with_parent() -> None:
         pass
 
 
+def _interrupt_once(signum, frame) -> None:
+    """A worker's SIGINT: ``KeyboardInterrupt`` once, every later SIGINT ignored. A Ctrl-C reaches
+    the whole process group, and the parent's ``close(interrupted=True)`` sends one more (for a
+    worker that did not get the first): a second ``KeyboardInterrupt`` raised inside the task's
+    rollback would leave part of its set (or a temporary) behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _one_line(exc: BaseException) -> str:
     """The one line of the one taxonomy (``errors.from_foreign`` for a foreign exception)."""
     from .errors import from_foreign
@@ -78,7 +88,7 @@ def _worker(conn, parent_pid: int) -> None:
         _die_with_parent()
         if os.getppid() != parent_pid:  # the parent died between fork and prctl
             os._exit(1)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt_once)
         while True:
             try:
                 msg = conn.recv()
@@ -230,7 +240,8 @@ class Pool:
         return f"a worker process died ({how}) while it had this checkpoint; its files were not written"
 
     def close(self, interrupted: bool = False) -> None:
-        """Stop the workers (``interrupted``: at once, each rolling its files back) and wait for them."""
+        """Stop the workers (``interrupted``: at once, each rolling its files back) and wait for them.
+        (A worker that already got the terminal's SIGINT ignores this one: ``_interrupt_once``.)"""
         if self._threads is not None:
             self._threads.shutdown(wait=True, cancel_futures=True)
             self._threads = None
