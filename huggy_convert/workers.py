@@ -64,11 +64,17 @@ def _die_with_parent() -> None:
         pass
 
 
+_INTERRUPTED: List[bool] = []  # a worker's: [True] once it got a SIGINT
+
+
 def _interrupt_once(signum, frame) -> None:
     """A worker's SIGINT: ``KeyboardInterrupt`` once, every later SIGINT ignored. A Ctrl-C reaches
     the whole process group, and the parent's ``close(interrupted=True)`` sends one more (for a
     worker that did not get the first): a second ``KeyboardInterrupt`` raised inside the task's
-    rollback would leave part of its set (or a temporary) behind."""
+    rollback would leave part of its set (or a temporary) behind. The worker remembers it and
+    exits 130 when the task ends, even where library code swallowed that one ``KeyboardInterrupt``
+    (the task then ran to its end: its set is whole)."""
+    _INTERRUPTED.append(True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
@@ -90,6 +96,9 @@ def _worker(conn, parent_pid: int) -> None:
             os._exit(1)
         signal.signal(signal.SIGINT, _interrupt_once)
         while True:
+            if _INTERRUPTED:  # its KeyboardInterrupt was swallowed (see _interrupt_once): no next task
+                code = 130
+                break
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
@@ -104,6 +113,9 @@ def _worker(conn, parent_pid: int) -> None:
                 break
             except BaseException as exc:  # noqa: BLE001 - one line back to the parent
                 out = (tid, False, _one_line(exc))
+            if _INTERRUPTED:  # the same, inside the task: it ran to its end
+                code = 130
+                break
             try:
                 conn.send(out)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
