@@ -171,7 +171,11 @@ class ArtifactSet:
             if isinstance(exc, OSError) and not isinstance(exc, OutputError):
                 raise from_os_error(exc, self.dir) from None
             raise
-        tx.commit()
+        try:
+            tx.commit()
+        except BaseException:  # interrupted while dropping the backups: the set stands, drop the rest
+            tx.commit()
+            raise
 
     @staticmethod
     def stems(folder: Path) -> list:
@@ -180,14 +184,30 @@ class ArtifactSet:
         return sorted(p.name[:-len(suffix)] for p in Path(folder).glob(f"*{suffix}"))
 
 
+def _identity(p: Path):
+    """What tells the file at ``p`` from another one put there since (``None``: nothing there)."""
+    try:
+        st = os.stat(p, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
 class _Transaction:
-    """The files of one ``ArtifactSet.transaction``: what it wrote, and the hard links of the files
-    it replaced."""
+    """The files of one ``ArtifactSet.transaction``: the kinds it writes (each recorded before its
+    write starts, with the identity of the file it replaces), and the hard links of those files.
+
+    The rollback goes by what is on disk, not by how far a write got: a ``KeyboardInterrupt`` can
+    come after a rename and before the write returns, or inside ``mkstemp`` once the temporary
+    exists but before its name is known. So each recorded kind is put back (its hard link) or its
+    file removed unless it is still the one that was there, and then every temporary of the set's
+    names goes (``clean_stale_temporaries``; safe: the caller holds ``locked(dir, stem)``)."""
 
     def __init__(self, arts: ArtifactSet):
         self.arts = arts
         self.backups: Dict[str, Path] = {}
-        self.written: List[str] = []
+        self.written: List[str] = []  # in the order their writes started
+        self.before: Dict[str, object] = {}  # kind -> _identity of the file it replaces (no hard link)
 
     def write_all(self, blobs: Dict[str, bytes], fsync: bool = False) -> Dict[str, Dict[str, str]]:
         for kind in blobs:
@@ -201,18 +221,23 @@ class _Transaction:
                     pass
         done = {}
         for kind, data in blobs.items():
+            if kind not in self.written:
+                self.before[kind] = _identity(self.arts.path(kind))
+                self.written.append(kind)
             done[kind] = self.arts.write(kind, data, fsync=fsync)
-            self.written.append(kind)
         return done
 
     def rollback(self) -> None:
         for kind in self.written:
+            p = self.arts.path(kind)
             with contextlib.suppress(OSError):
                 if kind in self.backups:
-                    os.replace(self.backups.pop(kind), self.arts.path(kind))
-                else:
-                    os.unlink(self.arts.path(kind))
+                    os.replace(self.backups.pop(kind), p)
+                elif self.before.get(kind) is None or _identity(p) != self.before[kind]:
+                    os.unlink(p)  # ours (or nothing yet)
         self.commit()
+        with contextlib.suppress(OSError):
+            clean_stale_temporaries(self.arts.dir, self.arts.names())
 
     def commit(self) -> None:
         for b in self.backups.values():

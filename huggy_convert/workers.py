@@ -13,7 +13,8 @@ Fork-safety: the pool forks only from the thread that created it while no other 
 package runs (torch and onnxruntime are used with one thread: no OpenMP team exists to be
 inherited half-held); a worker never returns into the parent's stack (``os._exit``), dies with the
 parent (``PR_SET_PDEATHSIG`` on Linux) and on Ctrl-C (its task's ``ArtifactSet`` transaction
-rolls the files back first). A worker that dies (killed, out of memory) fails its task with one
+rolls the files back first; the first SIGINT interrupts the task, later ones are ignored, so
+nothing cuts the rollback short). A worker that dies (killed, out of memory) fails its task with one
 line and is replaced. Where ``fork`` is not available (Windows, macOS, where forking a process
 that loaded system frameworks is unsafe) or ``jobs`` is 1, the tasks run in a thread pool
 (``mode`` says which: ``processes``, ``threads`` or ``serial``).
@@ -63,6 +64,21 @@ def _die_with_parent() -> None:
         pass
 
 
+_INTERRUPTED: List[bool] = []  # a worker's: [True] once it got a SIGINT
+
+
+def _interrupt_once(signum, frame) -> None:
+    """A worker's SIGINT: ``KeyboardInterrupt`` once, every later SIGINT ignored. A Ctrl-C reaches
+    the whole process group, and the parent's ``close(interrupted=True)`` sends one more (for a
+    worker that did not get the first): a second ``KeyboardInterrupt`` raised inside the task's
+    rollback would leave part of its set (or a temporary) behind. The worker remembers it and
+    exits 130 when the task ends, even where library code swallowed that one ``KeyboardInterrupt``
+    (the task then ran to its end: its set is whole)."""
+    _INTERRUPTED.append(True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _one_line(exc: BaseException) -> str:
     """The one line of the one taxonomy (``errors.from_foreign`` for a foreign exception)."""
     from .errors import from_foreign
@@ -78,8 +94,11 @@ def _worker(conn, parent_pid: int) -> None:
         _die_with_parent()
         if os.getppid() != parent_pid:  # the parent died between fork and prctl
             os._exit(1)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt_once)
         while True:
+            if _INTERRUPTED:  # its KeyboardInterrupt was swallowed (see _interrupt_once): no next task
+                code = 130
+                break
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
@@ -94,6 +113,9 @@ def _worker(conn, parent_pid: int) -> None:
                 break
             except BaseException as exc:  # noqa: BLE001 - one line back to the parent
                 out = (tid, False, _one_line(exc))
+            if _INTERRUPTED:  # the same, inside the task: it ran to its end
+                code = 130
+                break
             try:
                 conn.send(out)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -230,7 +252,8 @@ class Pool:
         return f"a worker process died ({how}) while it had this checkpoint; its files were not written"
 
     def close(self, interrupted: bool = False) -> None:
-        """Stop the workers (``interrupted``: at once, each rolling its files back) and wait for them."""
+        """Stop the workers (``interrupted``: at once, each rolling its files back) and wait for them.
+        (A worker that already got the terminal's SIGINT ignores this one: ``_interrupt_once``.)"""
         if self._threads is not None:
             self._threads.shutdown(wait=True, cancel_futures=True)
             self._threads = None

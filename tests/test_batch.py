@@ -451,6 +451,58 @@ def test_a_worker_that_dies_fails_its_task_in_one_line_and_is_replaced():
     assert len(pids) == 2 and os.getpid() not in pids
 
 
+def test_a_worker_interrupted_twice_finishes_what_the_first_interrupt_began(tmp_path):
+    """Ctrl-C reaches the worker and the parent, whose ``close(interrupted=True)`` sends one more:
+    the second SIGINT is ignored, so what the task does on the first (its set's rollback) runs to
+    the end; the worker then exits 130."""
+    from huggy_convert.workers import PROCESSES, Pool
+
+    marker = tmp_path / "rolled-back"
+    with Pool(2, {}) as pool:
+        assert pool.mode == PROCESSES
+        got = list(pool.run([(_interrupted_twice, (str(marker),))]))
+    assert got == [(0, False, "a worker process died (exit 130) while it had this checkpoint; "
+                               "its files were not written")]
+    assert marker.read_text() == "rolled back"
+
+
+def test_a_worker_whose_interrupt_a_library_swallowed_exits_130_when_its_task_ends(tmp_path):
+    """Library code that swallows the one ``KeyboardInterrupt`` (later SIGINTs are ignored) does not
+    leave the worker waiting for tasks, the parent waiting for it: the task runs to its end, its
+    result is not sent, the worker exits 130."""
+    from huggy_convert.workers import Pool
+
+    marker = tmp_path / "ran to its end"
+    with Pool(2, {}) as pool:
+        got = list(pool.run([(_swallowed, (str(marker),))]))
+    assert got == [(0, False, "a worker process died (exit 130) while it had this checkpoint; "
+                               "its files were not written")]
+    assert marker.read_text() == "done"
+
+
+def _swallowed(marker):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        pass  # as a library's catch-all would
+    os.kill(os.getpid(), signal.SIGINT)  # ignored
+    Path(marker).write_text("done")
+    return "not sent"
+
+
+def _interrupted_twice(marker):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)  # the KeyboardInterrupt comes here
+    except KeyboardInterrupt:
+        os.kill(os.getpid(), signal.SIGINT)  # the parent's: it must not cut this short
+        time.sleep(0.2)
+        Path(marker).write_text("rolled back")
+        raise
+    raise AssertionError("not interrupted")
+
+
 def _task(i):
     from huggy_convert.workers import shared
 

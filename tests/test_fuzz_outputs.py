@@ -310,6 +310,53 @@ def test_a_single_conversion_removes_the_stale_temporaries_of_its_files(tmp_path
     assert not list(out.glob("*.lock"))
 
 
+@pytest.mark.parametrize("previous", [False, True], ids=["fresh", "over-a-previous-set"])
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 5], ids=ORDER)
+@pytest.mark.parametrize("where", ["after-the-rename", "inside-mkstemp"])
+def test_an_interrupt_anywhere_in_a_set_write_is_rolled_back(tmp_path, monkeypatch, where, nth, previous):
+    """Ctrl-C (a ``KeyboardInterrupt``) at the nth file of a transaction, where a rollback that went
+    by how far the write got misses it: the file already renamed but its write not yet returned, or
+    the temporary created but its name not yet returned by ``mkstemp``. The set is as it was (none,
+    or the previous bytes) and no temporary is left."""
+    import huggy_convert.artifacts as A
+
+    arts = ArtifactSet(tmp_path, "s")
+    kinds = ["safetensors", "onnx", "pt2", "golden", "report"]
+    old = {k: f"old {k}".encode() for k in kinds}
+    if previous:
+        for k in kinds:
+            arts.write(k, old[k])
+    calls = []
+    if where == "after-the-rename":
+        real = A.sha256_bytes  # ArtifactSet.write hashes the bytes after atomic_write_bytes' rename
+
+        def hashed(data):
+            calls.append(1)
+            if len(calls) == nth:
+                raise KeyboardInterrupt
+            return real(data)
+        monkeypatch.setattr(A, "sha256_bytes", hashed)
+    else:
+        real = PF.tempfile.mkstemp
+
+        def mkstemp(*a, **k):
+            fd, name = real(*a, **k)
+            calls.append(1)
+            if len(calls) == nth:
+                os.close(fd)
+                raise KeyboardInterrupt  # as on return from os.open, the file there
+            return fd, name
+        monkeypatch.setattr(PF.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(KeyboardInterrupt):
+        with arts.transaction() as tx:
+            tx.write_all({k: f"new {k}".encode() for k in kinds[:3]})
+            tx.write_all({k: f"new {k}".encode() for k in kinds[3:]})
+    assert len(calls) == nth
+    assert temporaries([tmp_path]) == []
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == \
+        ({arts.name(k): old[k] for k in kinds} if previous else {})
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_the_same_command(tmp_path):
     """Seeded kills of a real process at moments spread over its run; after each, the same command
