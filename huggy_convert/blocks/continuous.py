@@ -116,8 +116,7 @@ class Continuous(Block):
         import torch
 
         module.fast[self.name] = (module.mu, module.log_sigma if policy.spec.conditional_sigma else None,
-                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32),
-                                  torch.float32, torch.clamp)
+                                  not policy.spec.tanh_squash, torch.tensor(C.ACTION_CLIP, dtype=torch.float32))
 
     def torch_row(self, module):
         import torch
@@ -185,12 +184,15 @@ class Continuous(Block):
 def _deterministic(fast, mu, inplace: bool):
     """The deterministic action from ``mu`` (float32): clipped to +-ACTION_CLIP and scaled to [-1, 1]
     unless the head squashes with tanh; in place with autograd off (dividing by the 0-d float32 clip
-    on the CPU: the same IEEE division as by the number, without wrapping it on every call)."""
-    _, _, clip, clip_t, f32, clamp = fast
-    if mu.dtype != f32:
+    on the CPU: the same IEEE division as by the number, without wrapping it on every call). The clip
+    tensor is never moved or cast (it is no buffer), so its dtype is float32."""
+    _, _, clip, clip_t = fast
+    if mu.dtype != clip_t.dtype:
         mu = mu.float()
     if not clip:
         return mu
     if inplace:
         return mu.clamp_(-C.ACTION_CLIP, C.ACTION_CLIP).div_(clip_t if mu.is_cpu else C.ACTION_CLIP)
-    return clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
+    import torch  # the functional form (traced, or with autograd): torch.clamp, as the .pt2's graph records it
+
+    return torch.clamp(mu, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP
