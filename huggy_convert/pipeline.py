@@ -17,7 +17,7 @@ import onnx
 from . import contract as C
 from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
                         locked, make_dirs, sha256_bytes)
-from .converter import Checkpoint, Conversion, load_checkpoint, policy_from_checkpoint, read_source
+from .converter import Checkpoint, Conversion, is_onnx_source, load_checkpoint, policy_from_checkpoint, read_source
 from .converter.reference import describe as describe_divisor
 from .converter.reference import divisor_record, goal_obs_from_reference
 from .errors import InputError
@@ -361,15 +361,18 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
         rec = record.sources[role]
         if rec is None:  # the conversion had none (no official ONNX): the check is skipped as it was then
             continue
-        path, reason, detail = locate_source(rec, arts.dir)
+        path, data, reason, detail = locate_source(rec, arts.dir)
         if path is None:
             not_run[cid] = {"reason": f"{what} {reason}", "detail": detail}
             continue
         try:
-            if role == "checkpoint":
-                ckpt = read_source(path)
-            else:
+            if role == "official":
                 official, official_path = read_reference(path)[0], path
+            elif is_onnx_source(path):  # a policy recovered from an ONNX (converter.from_onnx)
+                ckpt = read_source(path)
+            else:  # the bytes already read and hashed: the file is read once
+                ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (verify_out
+                # silences them for the whole pool: catch_warnings is not thread-safe)
         except InputError as exc:
             not_run[cid] = {"reason": f"{what} does not load", "detail": exc.one_line()}
     return ckpt, official, official_path, not_run

@@ -406,10 +406,13 @@ def read_record(artifacts: ArtifactSet) -> Record:
 
 
 def locate_source(rec: Dict[str, str], folder) -> tuple:
-    """(the path of the recorded source, '', '') where a file with its recorded sha256 is there, else
-    (None, what happened: 'not found' / 'changed since the conversion' / 'cannot be read', the detail):
-    its path relative to ``folder`` first (both trees moved together), then its absolute path. A file
-    there with another sha256 is never used."""
+    """(the path of the recorded source, its bytes, '', '') where a file with its recorded sha256 is there,
+    else (None, None, what happened: 'not found' / 'changed since the conversion' / 'cannot be read', the
+    detail): its path relative to ``folder`` first (both trees moved together), then its absolute path.
+    A file there with another sha256 is never used. (Read once, by ``read_input_file``: a regular file
+    within the size bound.)"""
+    from ..converter.checkpoint import read_input_file
+
     candidates = []
     if rec.get("relative"):
         candidates.append(Path(folder) / rec["relative"])
@@ -418,28 +421,20 @@ def locate_source(rec: Dict[str, str], folder) -> tuple:
     other = None
     for c in candidates:
         try:
-            if not c.is_file():
+            if not os.path.lexists(c):
                 continue
-            sha = _file_sha256(c)
-        except OSError as exc:
-            other = other or ("cannot be read", f"{c}: {exc.strerror or type(exc).__name__}")
+            data = read_input_file(c, "source")
+        except (OSError, HuggyError) as exc:
+            why = exc.message if isinstance(exc, HuggyError) else exc.strerror or type(exc).__name__
+            other = other or ("cannot be read", f"{c}: {why}")
             continue
+        sha = sha256_bytes(data)
         if sha == rec["sha256"]:
-            return c, "", ""
+            return c, data, "", ""
         other = other or ("changed since the conversion", f"{c}: sha256 {sha[:12]}…, recorded {rec['sha256'][:12]}…")
     if other is not None:
-        return (None,) + other
-    return None, "not found", f"recorded at {rec.get('path') or rec.get('relative')}, sha256 {rec['sha256'][:12]}…"
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return (None, None) + other
+    return None, None, "not found", f"recorded at {rec.get('path') or rec.get('relative')}, sha256 {rec['sha256'][:12]}…"
 
 
 def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
