@@ -87,7 +87,9 @@ def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
 tolerance_options = [
     click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
                  help="absolute tolerance for module checks, per output (Polygraphy style), in place of the "
-                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable"),
+                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable. "
+                      "OUTPUT: an output of the policy (of one of them, over several), else exit 2 before "
+                      "anything is written; * or none: every output"),
     click.option("--rtol", multiple=True, metavar="[OUTPUT:]TOL",
                  help="relative tolerance: an element fails only past both atol and rtol (with --atol: "
                       "an --atol override alone means absolute only)"),
