@@ -164,6 +164,23 @@ def test_a_report_without_a_record_is_partial(tree):
     assert r.exit_code == 0, r.output
 
 
+def test_a_report_written_before_the_record_is_partial_and_still_checks_the_files(tree):
+    """A report of an earlier huggy-convert (no ``recorded``): checks 1-2 not run (what the conversion read
+    is unknown); check 6 still compares each file with the sha256 its check 6 recorded."""
+    src, out = tree
+    p = out / f"{STEM}.verify.json"
+    rep = json.loads(p.read_text())
+    del rep["recorded"]
+    p.write_text(json.dumps(rep))
+    r = invoke("verify", out, *FAST, "--json")
+    assert r.exit_code == 4, r.output
+    got = _report(r)
+    assert got["verdict"] == "PASS (checks 1-2 not run: no record of its sources)"
+    assert "records no sources" in got["not_run"][0]["detail"]
+    files = next(c for c in got["checks"] if c["id"] == "files")
+    assert {k["title"]: k["status"] for k in files["checks"]}[f"{STEM}.pt2"] == "pass"
+
+
 # --- item 3: every recorded artifact -----------------------------------------------------------------
 @pytest.mark.parametrize("suffix,where", [(".pt2", "6 files"), (".golden.npz", "6 files"),
                                           (".onnx", "2 rebuilt ONNX vs official")])
