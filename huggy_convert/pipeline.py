@@ -258,12 +258,13 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
                                     f"({src.with_suffix(SUFFIXES[ONNX]).name})"
                                     + ("; use --reference to name one" if suggest_reference else ""))
             rep.notes.extend(notes)
-            rep.recorded = {
-                "artifacts": dict({k: {"file": a["file"], "sha256": a["sha256"]} for k, a in res.artifacts.items()},
-                                  **{GOLDEN: {"file": arts.name(GOLDEN), "sha256": sha256_bytes(rep.golden)}}),
-                "sources": {"checkpoint": source_record(src, ckpt.sha256, out),
-                            "official": source_record(reference, prep.reference_sha256, out)
-                            if reference is not None and prep.reference_sha256 else None}}
+            # what verify OUT/ checks later: every file written (the golden file too), the sources read
+            recorded = {k: {"file": a["file"], "sha256": a["sha256"]} for k, a in res.artifacts.items()}
+            recorded[GOLDEN] = {"file": arts.name(GOLDEN), "sha256": sha256_bytes(rep.golden)}
+            rep.recorded = {"artifacts": recorded, "sources": {
+                "checkpoint": source_record(src, ckpt.sha256, out) if ckpt.sha256 else None,
+                "official": source_record(reference, prep.reference_sha256, out)
+                if reference is not None and prep.reference_sha256 else None}}
             res.artifacts.update(tx.write_all({GOLDEN: rep.golden, REPORT: report_bytes(rep)}, fsync=fsync))
             res.report = rep
     res.seconds = time.perf_counter() - t0

@@ -337,7 +337,7 @@ def compare_with_official(policy: Policy, rebuilt: onnx.ModelProto, official: on
 
 
 CHECK_IDS = ("safetensors", "official", "outputs", "runtimes", "fingerprints", "files")  # checks 1-6
-SUFFIXES_OF = (SAFETENSORS, ONNX, PT2, GOLDEN)  # the kinds a record can name (the report is the record)
+RECORDED_KINDS = (SAFETENSORS, ONNX, PT2, GOLDEN)  # the kinds a record can name (the report is the record)
 
 
 @dataclass
@@ -471,7 +471,7 @@ def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy,
         if kind not in files:
             c.add(Check(artifacts.name(kind), FAIL, f"cannot be read: {why}"))
     for kind, want in (written or {}).items():
-        if kind not in files and kind not in (unreadable or {}) and kind in SUFFIXES_OF:
+        if kind not in files and kind not in (unreadable or {}) and kind in RECORDED_KINDS:
             c.add(Check(artifacts.name(kind), FAIL, f"missing: its conversion wrote it (sha256 {want[:12]}…)"))
     for kind, data in files.items():
         name = artifacts.name(kind)
