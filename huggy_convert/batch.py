@@ -592,7 +592,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         from .verify.engine import check_devices
 
         check_devices(getattr(o.verify_options, "devices", None))
-    check_tolerances(items, o)
+    found.warnings.extend(check_tolerances(items, o))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
         return _run_batch(source, out, o, found, jobs, force, as_json, t0, processes)
@@ -601,17 +601,17 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
 TOLERANCE_TRIES = 3  # checkpoints tried per folder for its spec (a broken one is its own task's error)
 
 
-def check_tolerances(items: List[Item], o: ConvertOptions) -> None:
+def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
     """A tolerance option (``--atol/--rtol/--cosine OUTPUT:VALUE``) naming an output of none of the
     batch's policies is refused before anything is written (``verify.engine.check_tolerance_outputs``):
     the spec of one checkpoint per behavior folder (the newest first; ML-Agents keeps one architecture
     per behavior within a run), read only when an option names an output. A name that is the output of
-    some policies only applies to those (each other report notes it)."""
+    some policies only applies to those (each other report notes it; returned: the warnings)."""
     from .pipeline import default_reference, prepare_conversion
     from .verify.engine import check_tolerance_outputs, named_tolerances
 
     if not named_tolerances(o.verify_options):
-        return
+        return []
     groups: Dict[tuple, List[Item]] = {}
     for it in items:
         if not it.missing and it.kind != "checkpoint":
@@ -630,7 +630,7 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> None:
                     continue
                 specs.append((it.out_stem, prep.conversion.policy.spec))
                 break
-    check_tolerance_outputs(o.verify_options, specs)
+    return check_tolerance_outputs(o.verify_options, specs)
 
 
 def _runs_record(found, out: Path) -> List[dict]:
@@ -858,7 +858,9 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
     from .pipeline import ConvertOptions, verify_sets
     from .verify import VerifyOptions
 
-    sets, official, ckpt = verify_sets(out, reference, checkpoint, options)
+    sets, official, ckpt, warns = verify_sets(out, reference, checkpoint, options)
+    for w in warns:  # (before the pool: the one line a tolerance option gives; the reports note it too)
+        click.echo(f"huggy-convert: warning: {w}", err=True)
     out = Path(out)
     full = options or VerifyOptions()
     light, _ = batch_profiles(ConvertOptions(verify_options=full))

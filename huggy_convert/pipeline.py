@@ -285,16 +285,16 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
                require_complete: bool = False):
     """Re-verify the files already in ``out_dir`` and the folders below it (one report per
     ``<stem>.safetensors``). (``batch.verify_out``: the same over a worker pool.)"""
-    sets, official, ckpt = verify_sets(out_dir, reference, checkpoint, options, stem)
+    sets, official, ckpt, _ = verify_sets(out_dir, reference, checkpoint, options, stem)
     writer = ProgramWriter(fast=True)
     return [verify_set(folder, s, official, ckpt, reference, options, writer, require_complete=require_complete)
             for folder, s in sets]
 
 
 def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
-    """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint. A
-    tolerance option naming an output of none of the sets is refused here, before any report is
-    rewritten (``verify.engine.check_tolerance_outputs``)."""
+    """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint, and
+    warnings. A tolerance option naming an output of none of the sets is refused here, before any report
+    is rewritten (``verify.engine.check_tolerance_outputs``; one naming an output of some: a warning)."""
     from .verify.engine import check_devices, check_tolerance_outputs, named_tolerances
 
     check_devices(getattr(options, "devices", None))
@@ -304,16 +304,17 @@ def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in ArtifactSet.stems(d)]
     if not sets:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
+    warnings: List[str] = []
     if named_tolerances(options):
         specs = []
         for folder, s in sets:
             spec = _spec_of(ArtifactSet(folder, s).path(SAFETENSORS))
             if spec is not None:  # one that does not read is its own set's verdict
                 specs.append((_subject(out, folder, s), spec))
-        check_tolerance_outputs(options, specs)
+        warnings = check_tolerance_outputs(options, specs)
     official = load_reference(Path(reference)) if reference else None
     ckpt = read_source(checkpoint) if checkpoint else None
-    return sets, official, ckpt
+    return sets, official, ckpt, warnings
 
 
 def _subject(out: Path, folder: Path, stem: str) -> str:

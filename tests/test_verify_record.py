@@ -248,6 +248,8 @@ def two_runs(tmp_path_factory):
     r = invoke(root / "before" / "runs", root / "before" / "out", "--atol", "deterministic_discrete_actions:0.5",
                *FAST, "--jobs", "1")
     assert r.exit_code == 0, r.output
+    assert "huggy-convert: warning: --atol deterministic_discrete_actions: an output of 1 of the 2 policies, not " \
+           "of small/Small-4157: applied where it is one" in r.stderr, r.stderr
     return _moved(root)
 
 
@@ -271,6 +273,7 @@ def test_verify_out_over_several_sets(two_runs, tmp_path):
     # a name of one of them: applied there, noted in the other's report
     r = invoke("verify", out, *FAST, "--atol", "deterministic_discrete_actions:0.5", "--jobs", "1", "--json")
     assert r.exit_code == 0, r.output
+    assert "an output of 1 of the 2 policies, not of small/Small-4157" in r.stderr
     reps = {rep["subject"].split(" (")[0]: rep for rep in _report(r)}
     assert all(rep["complete"] and rep["verdict"] == "PASS" for rep in reps.values())
     assert any("--atol deterministic_discrete_actions: not an output of this policy" in n

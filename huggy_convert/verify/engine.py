@@ -63,22 +63,30 @@ def named_tolerances(o: Optional[VerifyOptions]) -> List[tuple]:
             if name != "*"]
 
 
-def check_tolerance_outputs(o: Optional[VerifyOptions], policies: Sequence[tuple]) -> None:
+def check_tolerance_outputs(o: Optional[VerifyOptions], policies: Sequence[tuple]) -> List[str]:
     """Every output a tolerance option names (``--atol/--rtol/--cosine OUTPUT:VALUE``) is an output of at
     least one of ``policies`` ((subject, PolicySpec) pairs: their ``io_signature`` gives the names), else an
     ``InputError`` (exit 2) naming the outputs there are; ``*`` is every output. One policy (a conversion):
     a name that is not its own is refused, whatever other policies have; several (a batch, ``verify OUT/``):
-    refused when it names an output of none of them. The callers run it before anything is written."""
+    refused when it names an output of none of them. The callers run it before anything is written.
+    Returns a warning for each name that is an output of some of the policies only, saying which not."""
     named = named_tolerances(o)
     if not named or not policies:
-        return
+        return []
     groups: Dict[tuple, List[str]] = {}
     for subject, spec in policies:
         groups.setdefault(tuple(spec.output_names()), []).append(str(subject))
     known = [n for outs in groups for n in outs]
     bad = [(opt, name, v) for opt, name, v in named if name not in known]
     if not bad:
-        return
+        warn = []
+        for opt, name, _ in named:
+            without = [sub for outs, subs in groups.items() if name not in outs for sub in subs]
+            if without:
+                warn.append(f"{opt} {name}: an output of {len(policies) - len(without)} of the {len(policies)} "
+                            f"policies, not of {', '.join(without[:3])}{' …' if len(without) > 3 else ''}: "
+                            "applied where it is one")
+        return warn
     opt, name, v = bad[0]
     close = difflib.get_close_matches(name, list(dict.fromkeys(known)), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
