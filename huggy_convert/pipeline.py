@@ -301,7 +301,7 @@ def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     out = Path(out_dir)
     if not out.is_dir():
         raise InputError("no such directory", out)
-    sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in ArtifactSet.stems(d)]
+    sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in _stems(d)]
     if not sets:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
     warnings: List[str] = []
@@ -315,6 +315,17 @@ def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     official = load_reference(Path(reference)) if reference else None
     ckpt = read_source(checkpoint) if checkpoint else None
     return sets, official, ckpt, warnings
+
+
+def _stems(folder: Path) -> List[str]:
+    """The sets in ``folder``: each ``<stem>.safetensors``, and each ``<stem>.verify.json`` whose
+    ``.safetensors`` is gone (its report says a conversion wrote one: that set fails check 1)."""
+    report = SUFFIXES[REPORT]
+    try:
+        reports = [p.name[:-len(report)] for p in Path(folder).glob(f"*{report}") if not p.name.startswith(".")]
+    except OSError:
+        reports = []
+    return sorted(set(ArtifactSet.stems(folder)) | set(reports))
 
 
 def _subject(out: Path, folder: Path, stem: str) -> str:
@@ -391,7 +402,7 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
     from .verify.engine import read_record
 
     arts = ArtifactSet(folder, s)
-    if ckpt is not None:
+    if ckpt is not None and arts.exists(SAFETENSORS):  # (a missing one fails check 1 below)
         from .converter import load_policy
 
         source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")

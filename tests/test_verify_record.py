@@ -183,9 +183,11 @@ def test_a_report_written_before_the_record_is_partial_and_still_checks_the_file
 
 # --- item 3: every recorded artifact -----------------------------------------------------------------
 @pytest.mark.parametrize("suffix,where", [(".pt2", "6 files"), (".golden.npz", "6 files"),
-                                          (".onnx", "2 rebuilt ONNX vs official")])
+                                          (".onnx", "2 rebuilt ONNX vs official"),
+                                          (".safetensors", "1 safetensors vs checkpoint")])
 def test_a_deleted_artifact_fails(tree, suffix, where):
-    """(Before issue 23 a deleted .pt2 or golden file gave '3/3 file checks pass', PASS, exit 0.)"""
+    """(Before issue 23 a deleted .pt2 or golden file gave '3/3 file checks pass', PASS, exit 0; a deleted
+    .onnx was bad input, exit 2; a deleted .safetensors hid its set.)"""
     src, out = tree
     (out / f"{STEM}{suffix}").unlink()
     r = invoke("verify", out, *FAST)

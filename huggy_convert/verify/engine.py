@@ -722,7 +722,12 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
     unreadable: Dict[str, str] = {}
     kinds = list(BUILT) + ([GOLDEN] if again and written and GOLDEN in written else [])
     for kind in kinds:  # each file read once: what the checks below run and compare is these bytes
-        if kind != SAFETENSORS and not os.path.lexists(artifacts.path(kind)):
+        if not os.path.lexists(artifacts.path(kind)):
+            if kind == SAFETENSORS:
+                rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"{artifacts.name(kind)} is missing"
+                                        + (" (its conversion wrote it)" if written and kind in written else ""),
+                                        id="safetensors"))
+                return rep
             continue
         try:
             files[kind] = read_input_file(artifacts.path(kind), artifacts.name(kind))
