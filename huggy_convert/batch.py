@@ -294,7 +294,7 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
                           profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
-                          fsync=False, suggest_reference=False)
+                          fsync=False, suggest_reference=False, check_tolerances=False)
         spec = res.conversion.policy.spec
         decision = divisor_record(res.conversion.policy)
         entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
@@ -592,9 +592,45 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         from .verify.engine import check_devices
 
         check_devices(getattr(o.verify_options, "devices", None))
+    found.warnings.extend(check_tolerances(items, o))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
         return _run_batch(source, out, o, found, jobs, force, as_json, t0, processes)
+
+
+TOLERANCE_TRIES = 3  # checkpoints tried per folder for its spec (a broken one is its own task's error)
+
+
+def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
+    """A tolerance option (``--atol/--rtol/--cosine OUTPUT:VALUE``) naming an output of none of the
+    batch's policies is refused before anything is written (``verify.engine.check_tolerance_outputs``):
+    the spec of one checkpoint per behavior folder (the newest first; ML-Agents keeps one architecture
+    per behavior within a run), read only when an option names an output. A name that is the output of
+    some policies only applies to those (each other report notes it; returned: the warnings)."""
+    from .pipeline import default_reference, prepare_conversion
+    from .verify.engine import check_tolerance_outputs, named_tolerances
+
+    if not named_tolerances(o.verify_options):
+        return []
+    groups: Dict[tuple, List[Item]] = {}
+    for it in items:
+        if not it.missing and it.kind != "checkpoint":
+            groups.setdefault((it.sub, it.behavior, str(it.path.parent)), []).append(it)
+    specs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in groups.values():
+            for it in sorted(group, key=lambda it: not it.newest)[:TOLERANCE_TRIES]:
+                try:
+                    from .converter import load_checkpoint
+
+                    ckpt = load_checkpoint(it.path, quiet_warnings=False)
+                    prep = prepare_conversion(ckpt, default_reference(it.path), o.obs_sizes, o.divisor, lenient=True)
+                except Exception:  # noqa: BLE001 - its task reports it
+                    continue
+                specs.append((it.out_stem, prep.conversion.policy.spec))
+                break
+    return check_tolerance_outputs(o.verify_options, specs)
 
 
 def _runs_record(found, out: Path) -> List[dict]:
@@ -797,29 +833,34 @@ def _verify_task(i: int) -> dict:
     opts, note = st["profiles"][i]
     try:
         rep = verify_set(folder, stem, st["official"], st["ckpt"], st["reference"], opts, st["writer"],
-                         notes=[note] if note else ())
+                         notes=[note] if note else (), require_complete=st["require_complete"])
     except Exception as exc:  # noqa: BLE001 - back to the parent as the one taxonomy
         return _error_record(exc, folder / stem)
     return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
             "subject": rep.subject, "render": rep.render() if st["render"] else None,
-            "profile": "batch" if note else "full"}
+            "profile": "batch" if note else "full", "complete": rep.complete, "not_run": rep.not_run,
+            "incomplete": rep.incomplete()}
 
 
 def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optional[int] = None,
                profile: str = RECORDED, render: bool = False, progress: bool = True,
-               processes: bool = True) -> Tuple[List[dict], str]:
+               processes: bool = True, require_complete: bool = False) -> Tuple[List[dict], str]:
     """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
     forked after the imports and the ``.pt2`` template's trace). ``profile``: ``recorded`` gives each
     set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``,
     for all but the newest checkpoint of each behavior), ``full`` the full profile to every set.
-    Returns one record per set, in order (``report``: the full tree as data, or ``error``), and the
-    pool's description."""
+    Each set re-runs checks 1-2 on the sources its report records (``pipeline.verify_set``);
+    ``require_complete``: a set where some could not run fails.
+    Returns one record per set, in order (``report``: the full tree as data, ``complete`` and
+    ``not_run``: the checks not run and why; or ``error``), and the pool's description."""
     import torch
 
     from .pipeline import ConvertOptions, verify_sets
     from .verify import VerifyOptions
 
-    sets, official, ckpt = verify_sets(out, reference, checkpoint, options)
+    sets, official, ckpt, warns = verify_sets(out, reference, checkpoint, options)
+    for w in warns:  # (before the pool: the one line a tolerance option gives; the reports note it too)
+        click.echo(f"huggy-convert: warning: {w}", err=True)
     out = Path(out)
     full = options or VerifyOptions()
     light, _ = batch_profiles(ConvertOptions(verify_options=full))
@@ -839,7 +880,7 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
     jobs = max(1, min(int(jobs or _default_jobs()), len(sets)))
     writer = ProgramWriter(fast=True)
     state = {"sets": sets, "profiles": profiles, "official": official, "ckpt": ckpt, "reference": reference,
-             "writer": writer, "render": render}
+             "writer": writer, "render": render, "require_complete": require_complete}
 
     def warm():
         from .converter import load_policy

@@ -9,7 +9,7 @@ import click
 
 from . import __version__
 from . import contract as C
-from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
+from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 from .modes.commands import Command  # one-line usage errors (the modes' command class)
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -87,7 +87,9 @@ def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
 tolerance_options = [
     click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
                  help="absolute tolerance for module checks, per output (Polygraphy style), in place of the "
-                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable"),
+                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable. "
+                      "OUTPUT: an output of the policy (of one of them, over several), else exit 2 before "
+                      "anything is written; * or none: every output"),
     click.option("--rtol", multiple=True, metavar="[OUTPUT:]TOL",
                  help="relative tolerance: an element fails only past both atol and rtol (with --atol: "
                       "an --atol override alone means absolute only)"),
@@ -119,7 +121,9 @@ def main():
     huggy-convert downloads/ out/            every run below, e.g. Hub clones -> out/<repo>/<Behavior>-<step>.*
     huggy-convert verify out/                re-check the artifacts in out/
 
-    Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug).
+    Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug),
+    4 verify: passed, but checks its conversion ran could not be run again (a source moved or changed),
+    130 interrupted.
     """
 
 
@@ -191,26 +195,43 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 
 @main.command("verify", cls=Command)
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with")
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with (default: the one "
+              "each report records, where it is still there unchanged)")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint, or the ONNX a policy was "
-              "recovered from (enables check 1)")
+              "recovered from (default: the one each report records, where it is still there unchanged)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
 @click.option("--jobs", "-j", type=click.IntRange(0, 256), default=0,
               help="parallel workers (default: cores; a batch's worker pool)")
 @click.option("--profile", type=click.Choice(["recorded", "full"]), default="recorded", show_default=True,
               help="recorded: each policy with the profile its batch gave it (OUT/manifest.json); full: the full "
                    "profile for every policy")
+@click.option("--require-complete", is_flag=True, help=f"a partial verification (checks its conversion ran that "
+              f"could not be run again) fails: exit {EXIT_VERIFY_FAILED} instead of {EXIT_INCOMPLETE}")
 @with_options(tolerance_options)
-def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, cosine, devices, dtypes):
+def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_complete, atol, rtol, cosine, devices,
+               dtypes):
     """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion).
     One policy: its report's tree; several: one line each and a count (the trees in --json and in
-    each <stem>.verify.json)."""
+    each <stem>.verify.json).
+
+    \b
+    Every file a report (<stem>.verify.json) records must be there, unchanged (.safetensors, .onnx,
+    .pt2, .golden.npz): one missing or changed fails. Checks 1-2 run again on the checkpoint and
+    official ONNX the report records, where they are still there with the same sha256 (else
+    --checkpoint / --reference). Where they are not, the verdict names the checks not run:
+    'PASS (checks 1-2 not run: checkpoint not found)', exit 4.
+
+    \b
+    Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
+    with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
+    passed, but some recorded checks could not be run (partial PASS)."""
     from .batch import raise_error_record, verify_out
 
     def go():
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                           options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
-                          profile=profile, render=not as_json, progress=sys.stderr.isatty())
+                          profile=profile, render=not as_json, progress=sys.stderr.isatty(),
+                          require_complete=require_complete)
         errors = [r["error"] for r in recs if "error" in r]
         done = [r for r in recs if "error" not in r]
         if as_json and not errors:
@@ -226,16 +247,23 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, atol, rtol, c
                 line = r["verdict"] if r["ok"] else f"FAIL: {r['first_failure']}"
                 click.echo(f"verify {r['subject']}: {line}{' (batch profile)' if r['profile'] == 'batch' else ''}")
             passed = sum(1 for r in done if r["ok"])
-            click.echo(f"{len(recs)} policies: {passed} passed, {len(done) - passed} failed verification, "
+            partly = sum(1 for r in done if r["ok"] and not r["complete"])
+            click.echo(f"{len(recs)} policies: {passed} passed"
+                       + (f" ({partly} with checks not run)" if partly else "")
+                       + f", {len(done) - passed} failed verification, "
                        f"{len(errors)} could not be verified ({workers})")
         failed = [r for r in done if not r["ok"]]
         for r in failed:
             click.echo(f"huggy-convert: verification failed: {r['subject']}: {r['first_failure']}", err=True)
+        partial = [r for r in done if r["ok"] and not r["complete"]]
+        for r in partial:
+            click.echo(f"huggy-convert: verification incomplete: {r['subject']}: {r['incomplete']} (exit "
+                       f"{EXIT_INCOMPLETE}; --checkpoint / --reference give the sources)", err=True)
         for e in errors[1:]:
             click.echo(f"huggy-convert: error: {e['line']}", err=True)
         if errors:
             raise_error_record(errors[0])
-        return EXIT_VERIFY_FAILED if failed else EXIT_OK
+        return EXIT_VERIFY_FAILED if failed else EXIT_INCOMPLETE if partial else EXIT_OK
 
     sys.exit(run_guarded(go, as_json, out))
 

@@ -3,7 +3,9 @@
 Every error the tool raises on purpose derives from :class:`HuggyError`. The CLI turns
 one into a single line ``huggy-convert: error: <file>: <reason>`` and the error's
 ``exit_code``: 2 for bad input, output, environment or usage, 1 for a verification that failed,
-3 for an exception the tool did not expect (a bug; ``from_foreign`` names its type).
+3 for an exception the tool did not expect (a bug; ``from_foreign`` names its type). ``verify OUT/``
+adds 4: every check it ran passed, but not every check its conversion ran could be run again (a
+source moved or changed; ``EXIT_INCOMPLETE``), so a script can tell a partial PASS from a full one.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Optional, Union
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
 EXIT_BAD_INPUT = 2
+# 3: EXIT_INTERNAL (below); 130: interrupted (cli.EXIT_INTERRUPTED)
+EXIT_INCOMPLETE = 4  # verify OUT/: a partial PASS (checks not run, e.g. the checkpoint moved); 1 with --require-complete
 MAX_PATH_CHARS = 160  # of the file named in the one line (a 255-byte name, a deep path)
 MAX_MESSAGE_CHARS = 400  # of the reason: a message quoting the input never prints MBs
 

@@ -36,6 +36,26 @@ def out(converted, tmp_path):
     return d
 
 
+@pytest.fixture(scope="module")
+def converted_alone(tmp_path_factory):
+    """OUT of a conversion whose sources are gone since (converted from a copy, then removed): what
+    'verify OUT/' sees on another machine, or after the run directory was cleaned up."""
+    src, out = tmp_path_factory.mktemp("huggy_src"), tmp_path_factory.mktemp("huggy_alone")
+    for suffix in (".pt", ".onnx", ".golden.npz"):
+        shutil.copy(HUGGY.with_suffix(suffix), src)
+    res = convert_one(src / HUGGY.name, out)
+    assert res.report.ok, res.report.render()
+    shutil.rmtree(src)
+    return out
+
+
+@pytest.fixture
+def alone(converted_alone, tmp_path):
+    d = tmp_path / "alone"
+    shutil.copytree(converted_alone, d)
+    return d
+
+
 def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
@@ -92,10 +112,25 @@ def test_every_variant_passes(name, tmp_path):
     assert res.reference == ck.with_suffix(".onnx")
 
 
-def test_verify_dir_rechecks_without_checkpoint_or_official(out):
-    r = invoke("verify", out)
+def test_verify_dir_rechecks_without_checkpoint_or_official(alone):
+    """The sources are gone: checks 3-6 against the golden file written at conversion, and the verdict
+    says checks 1-2 were not run (exit 4, not a full PASS). (Was exit 0 with a bare PASS: issue 23.)"""
+    r = invoke("verify", alone)
+    assert r.exit_code == 4, r.output
+    assert "golden" in r.output and "verdict: PASS (checks 1-2 not run: checkpoint not found, official ONNX not " \
+        "found)" in r.output
+
+
+def test_verify_dir_reruns_checks_1_and_2_on_the_recorded_sources(out):
+    """The checkpoint and the official ONNX the report records are still there, unchanged: checks 1-2
+    run again as the conversion ran them; a full PASS, exit 0."""
+    r = invoke("verify", out, "--verify-dtype", "float32", "--json")
     assert r.exit_code == 0, r.output
-    assert "golden" in r.output and "verdict: PASS" in r.output
+    rep = json.loads(r.stdout)
+    assert rep["verdict"] == "PASS" and rep["complete"] and rep["not_run"] == []
+    c1, c2 = rep["checks"][:2]
+    assert c1["status"] == "pass" and "tensors bitwise equal to their checkpoint keys" in c1["summary"]
+    assert c2["status"] == "pass" and c2["title"] == f"2 rebuilt ONNX vs official (official {STEM}.onnx)"
 
 
 def test_verify_with_reference_and_checkpoint_json(out):
@@ -111,8 +146,12 @@ def test_flipped_bit_in_one_initializer_fails(out):
     r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"))
     assert r.exit_code == 1
     assert f"first difference {name}[3, 100]" in r.stderr and "1 ulp" in r.stderr, r.stderr
-    # even without the official file, the golden outputs catch it
-    r = invoke("verify", out)
+
+
+def test_flipped_bit_is_caught_by_the_golden_outputs_without_the_official_file(alone):
+    _edit_initializer(alone / f"{STEM}.onnx", lambda n: n.endswith("mu.weight"),
+                      lambda a: (a.view(np.uint32).__setitem__((3, 100), a.view(np.uint32)[3, 100] ^ 1), a)[1])
+    r = invoke("verify", alone)
     assert r.exit_code == 1 and "NOT bitwise" in r.stderr
 
 
@@ -217,7 +256,9 @@ def test_other_opset_compares_outputs_and_warns_on_structure(tmp_path):
 # --- issue 10: the same verdict whatever CPU wrote the reference ---------------------------------------
 def _rewrite_golden(path, host=None, nudge=0):
     """The golden file as another host would have written it: its host record, and (``nudge``) its
-    deterministic actions moved by that many float32 ulps on every element."""
+    deterministic actions moved by that many float32 ulps on every element; the report beside it
+    records that file's sha256, as that host's conversion would have (a golden file that is not the
+    one its report records fails check 6)."""
     with np.load(path) as z:
         d = {k: z[k] for k in z.files}
     h = json.loads(str(d["host"]))
@@ -231,21 +272,30 @@ def _rewrite_golden(path, host=None, nudge=0):
         a = np.where(free, np.nextafter(a, np.float32(np.inf) if nudge > 0 else np.float32(-np.inf)), a).astype(np.float32)
     d[k] = a
     np.savez(path, **d)
+    import hashlib
+
+    report = path.with_name(path.name.replace(".golden.npz", ".verify.json"))
+    rep = json.loads(report.read_text())
+    rep["recorded"]["artifacts"]["golden"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    report.write_text(json.dumps(rep))
 
 
-def test_golden_from_another_host_is_judged_by_the_derived_bound(out):
+def test_golden_from_another_host_is_judged_by_the_derived_bound(alone):
+    """(The sources are gone, so that the golden file is the reference of check 3: exit 4, checks 1-2
+    not run, where it was exit 0 before issue 23.)"""
+    out = alone
     g = out / f"{STEM}.golden.npz"
     other = {"cpu": "Intel(R) Xeon(R) Platinum 8481C", "isa": ["avx2", "avx512f"], "mkl_cbwr": None}
     # bitwise on another host: PASS, and the report says where the golden file came from
     _rewrite_golden(g, other)
     r = invoke("verify", out, "--verify-dtype", "float32", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 4, r.output
     rep = json.loads(r.stdout)
     assert any("written on another host (Intel(R) Xeon(R) Platinum 8481C" in n for n in rep["notes"]), rep["notes"]
     # 2 ulps off on every unclipped element (what another CPU's kernels could give): within the bound
     _rewrite_golden(g, nudge=2)
     r = invoke("verify", out, "--verify-dtype", "float32")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 4, r.output
     assert "not bitwise (golden written on another host)" in r.stdout and "within the derived bound" in r.stdout
     # the same difference from this host's own golden file is a failure: bitwise is expected there
     shutil.copy(g, out / "other.npz")
@@ -374,9 +424,12 @@ def test_verify_dir_catches_a_bit_flipped_in_each_written_file(out, kind):
     path = out / f"{STEM}.{kind}"
     # a low mantissa bit of one weight of the second body layer: the value moves by 1 ulp
     _flip_in_file(path, _tensor_bytes(C.c_body(1, "weight"))[4 * 1000:4 * 1000 + 64])
-    r = invoke("verify", out, "--verify-dtype", "float32")
+    r = invoke("verify", out, "--verify-dtype", "float32", "--json")
     assert r.exit_code == 1, r.output
-    assert any(path.name in line for line in _failures(r)), r.output
+    # check 6 names the file (the report's first failure may be check 1: since issue 23 it runs again on
+    # the checkpoint the report records, which is still there, and catches a flipped .safetensors first)
+    files = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "files")
+    assert any(k["status"] == "fail" and k["title"] == path.name for k in files["checks"]), files
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "onnx", "pt2"])
@@ -425,7 +478,8 @@ def test_verify_dir_regenerates_the_onnx_and_the_program_from_the_policy(out):
     assert r.exit_code == 0, r.output
     files = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "files")
     titles = {c["title"]: c["status"] for c in files["checks"]}
-    assert titles == {f"{STEM}.{k}": "pass" for k in ("safetensors", "onnx", "pt2")} | {
+    # (the golden file too since issue 23: every file the report records must be there, unchanged)
+    assert titles == {f"{STEM}.{k}": "pass" for k in ("safetensors", "onnx", "pt2", "golden.npz")} | {
         f"{STEM}.onnx from {STEM}.safetensors": "pass", f"{STEM}.pt2 from {STEM}.safetensors": "pass"}
 
 

@@ -1,8 +1,10 @@
 """Run the checks over a set of artifacts and build the report (plus the golden I/O file)."""
 from __future__ import annotations
 
+import difflib
 import io
 import json
+import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +15,11 @@ import onnx
 
 from .. import __version__
 from .. import contract as C
-from ..artifacts import BUILT, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
+from ..artifacts import BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
 from ..numerics import same_arrays
 from ..converter import Checkpoint, Policy, atomic_write_bytes
 from ..converter.checkpoint import load_npz
-from ..errors import HuggyError
+from ..errors import HuggyError, InputError
 from ..exporters.pt2 import EXPORT_GATE
 from ..exporters.devices import NPU, available_devices, device_name, resolve_device, torch_npu_installed
 from ..converter.reference import describe as describe_divisor
@@ -48,6 +50,57 @@ class VerifyOptions:
     fingerprint_steps: Sequence[int] = (64, 128)
     include_npu: Optional[bool] = None  # None: NPUs where torch_npu is installed
     program_load: bool = True  # run the .pt2 through torch.export.load (False: check 6 compares its bytes only)
+
+
+TOLERANCE_OPTIONS = (("--atol", "atol"), ("--rtol", "rtol"), ("--cosine", "cosine"))
+
+
+def named_tolerances(o: Optional[VerifyOptions]) -> List[tuple]:
+    """(option, output, value) of each per-output ``--atol/--rtol/--cosine OUTPUT:VALUE`` (``*`` left out)."""
+    if o is None:
+        return []
+    return [(opt, name, v) for opt, attr in TOLERANCE_OPTIONS for name, v in (getattr(o, attr, None) or {}).items()
+            if name != "*"]
+
+
+def check_tolerance_outputs(o: Optional[VerifyOptions], policies: Sequence[tuple]) -> List[str]:
+    """Every output a tolerance option names (``--atol/--rtol/--cosine OUTPUT:VALUE``) is an output of at
+    least one of ``policies`` ((subject, PolicySpec) pairs: their ``io_signature`` gives the names), else an
+    ``InputError`` (exit 2) naming the outputs there are; ``*`` is every output. One policy (a conversion):
+    a name that is not its own is refused, whatever other policies have; several (a batch, ``verify OUT/``):
+    refused when it names an output of none of them. The callers run it before anything is written.
+    Returns a warning for each name that is an output of some of the policies only, saying which not."""
+    named = named_tolerances(o)
+    if not named or not policies:
+        return []
+    groups: Dict[tuple, List[str]] = {}
+    for subject, spec in policies:
+        groups.setdefault(tuple(spec.output_names()), []).append(str(subject))
+    known = [n for outs in groups for n in outs]
+    bad = [(opt, name, v) for opt, name, v in named if name not in known]
+    if not bad:
+        warn = []
+        for opt, name, _ in named:
+            without = [sub for outs, subs in groups.items() if name not in outs for sub in subs]
+            if without:
+                warn.append(f"{opt} {name}: an output of {len(policies) - len(without)} of the {len(policies)} "
+                            f"policies, not of {', '.join(without[:3])}{' …' if len(without) > 3 else ''}: "
+                            "applied where it is one")
+        return warn
+    opt, name, v = bad[0]
+    close = difflib.get_close_matches(name, list(dict.fromkeys(known)), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+
+    def who(subjects):
+        return subjects[0] + (f" and {len(subjects) - 1} more" if len(subjects) > 1 else "")
+
+    if len(policies) == 1:
+        what = f"not an output of {policies[0][0]}{hint}; its outputs: {', '.join(known)}"
+    else:
+        listed = "; ".join(f"{', '.join(outs)} ({who(subs)})" for outs, subs in groups.items())
+        what = f"an output of none of the {len(policies)} policies{hint}; their outputs: {listed}"
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    raise InputError(f"{opt} {name}:{v:g}{more}: {what}, or * for all")
 
 
 def environment(devices: Sequence[str]) -> Dict[str, object]:
@@ -292,6 +345,7 @@ def compare_with_official(policy: Policy, rebuilt: onnx.ModelProto, official: on
 
 
 CHECK_IDS = ("safetensors", "official", "outputs", "runtimes", "fingerprints", "files")  # checks 1-6
+RECORDED_KINDS = (SAFETENSORS, ONNX, PT2, GOLDEN)  # the kinds a record can name (the report is the record)
 
 
 @dataclass
@@ -302,6 +356,93 @@ class Reference:
     official: Optional[onnx.ModelProto] = None  # the official ONNX ML-Agents wrote
     official_path: Optional[Path] = None
     golden_path: Optional[Path] = None  # golden outputs of an earlier verification (used without an official)
+    # check id ("safetensors", "official") -> {"reason", "detail"}: a source the conversion used that a
+    # re-verification could not use (not found, or its sha256 differs): that check is reported not run
+    not_run: Dict[str, Dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Record:
+    """What ``<stem>.verify.json`` says its conversion wrote and read (``Report.recorded``), as read back by a
+    re-verification. ``artifacts``: kind -> sha256 of each file written (the golden file included; from an
+    older report, check 6's figures); ``sources``: "checkpoint"/"official" -> {path, relative, sha256} or None
+    (an empty dict: not recorded); ``missing``: why there is no record ('' when there is one)."""
+
+    artifacts: Dict[str, str] = field(default_factory=dict)
+    sources: Dict[str, Optional[Dict[str, str]]] = field(default_factory=dict)
+    raw: Dict = field(default_factory=dict)  # the report's "recorded" object, kept in the rewritten report
+    missing: str = ""
+    damaged: str = ""  # the report is there but does not read
+
+
+def source_record(path, sha256: str, folder) -> Dict[str, Optional[str]]:
+    """A source as ``verify.json`` records it: its absolute path, its path relative to ``folder`` (the
+    artifacts': found again when both trees moved together) and its sha256."""
+    p = Path(os.path.abspath(path))
+    try:
+        rel = os.path.relpath(p, os.path.abspath(folder))
+    except ValueError:  # another drive (Windows)
+        rel = None
+    return {"path": str(p), "relative": rel, "sha256": sha256}
+
+
+def read_record(artifacts: ArtifactSet) -> Record:
+    """The record in the report beside the files (``<stem>.verify.json``), if any."""
+    name = artifacts.name(REPORT)
+    if not os.path.lexists(artifacts.path(REPORT)):
+        return Record(missing=f"no {name}")
+    try:
+        rep = json.loads(artifacts.read(REPORT))
+        if not isinstance(rep, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return Record(missing=f"{name} does not read", damaged=f"{name} does not read ({why})")
+    raw = rep.get("recorded")
+    arts, sources = {}, {}
+    if isinstance(raw, dict):
+        for kind, a in (raw.get("artifacts") or {}).items():
+            if isinstance(a, dict) and isinstance(a.get("sha256"), str):
+                arts[str(kind)] = a["sha256"]
+        for role, src in (raw.get("sources") or {}).items():
+            sources[str(role)] = src if isinstance(src, dict) and isinstance(src.get("sha256"), str) else None
+    else:
+        raw = {}
+        arts = _recorded_written(artifacts) or {}
+    return Record(arts, sources, raw, "" if sources else f"{name} records no sources (written before huggy-convert "
+                                                          "recorded them)")
+
+
+def locate_source(rec: Dict[str, str], folder) -> tuple:
+    """(the path of the recorded source, its bytes, '', '') where a file with its recorded sha256 is there,
+    else (None, None, what happened: 'not found' / 'changed since the conversion' / 'cannot be read', the
+    detail): its path relative to ``folder`` first (both trees moved together), then its absolute path.
+    A file there with another sha256 is never used. (Read once, by ``read_input_file``: a regular file
+    within the size bound.)"""
+    from ..converter.checkpoint import read_input_file
+
+    candidates = []
+    if rec.get("relative"):
+        candidates.append(Path(folder) / rec["relative"])
+    if rec.get("path"):
+        candidates.append(Path(rec["path"]))
+    other = None
+    for c in candidates:
+        try:
+            if not os.path.lexists(c):
+                continue
+            data = read_input_file(c, "source")
+        except (OSError, HuggyError) as exc:
+            why = exc.message if isinstance(exc, HuggyError) else exc.strerror or type(exc).__name__
+            other = other or ("cannot be read", f"{c}: {why}")
+            continue
+        sha = sha256_bytes(data)
+        if sha == rec["sha256"]:
+            return c, data, "", ""
+        other = other or ("changed since the conversion", f"{c}: sha256 {sha[:12]}…, recorded {rec['sha256'][:12]}…")
+    if other is not None:
+        return (None, None) + other
+    return None, None, "not found", f"recorded at {rec.get('path') or rec.get('relative')}, sha256 {rec['sha256'][:12]}…"
 
 
 def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
@@ -317,18 +458,29 @@ def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
 
 def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy, rebuilt: onnx.ModelProto,
                 written: Optional[Dict[str, str]], regenerate: Sequence[str], writer=None,
-                written_bytes: Optional[Dict[str, bytes]] = None) -> Check:
+                written_bytes: Optional[Dict[str, bytes]] = None, unreadable: Optional[Dict[str, str]] = None,
+                damaged_record: str = "") -> Check:
     """Check 6: the written files (``files``: kind -> the bytes read back) are the bytes their
     conversion wrote (``written``: sha256 per kind, given by the conversion or recorded in the earlier
     report) and the kinds in ``regenerate`` (``.onnx``, ``.pt2``) are exactly what the policy read back
-    from the ``.safetensors`` gives. ``written_bytes``: the bytes the conversion wrote, where it still
-    has them (``written`` their sha256): a file read back equal to them, byte for byte, has their
+    from the ``.safetensors`` gives. A kind in ``written`` that is not in ``files`` fails: missing, or
+    (``unreadable``: kind -> why) there but not readable; ``damaged_record``: the report that should hold
+    the record does not read (a failure too). ``written_bytes``: the bytes the conversion wrote, where it
+    still has them (``written`` their sha256): a file read back equal to them, byte for byte, has their
     sha256 without hashing it again."""
     from ..exporters.onnx_export import build_onnx
     from ..exporters.pt2 import program_bytes
 
     c = Check("6 files", id="files")
     found: Dict[str, str] = {}
+    if damaged_record:
+        c.add(Check(artifacts.name(REPORT), FAIL, f"{damaged_record}: its record of the files written is lost"))
+    for kind, why in (unreadable or {}).items():
+        if kind not in files:
+            c.add(Check(artifacts.name(kind), FAIL, f"cannot be read: {why}"))
+    for kind, want in (written or {}).items():
+        if kind not in files and kind not in (unreadable or {}) and kind in RECORDED_KINDS:
+            c.add(Check(artifacts.name(kind), FAIL, f"missing: its conversion wrote it (sha256 {want[:12]}…)"))
     for kind, data in files.items():
         name = artifacts.name(kind)
         want = (written or {}).get(kind)
@@ -514,7 +666,8 @@ def golden_of(ctx: Context) -> bytes:
 
 def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, options: Optional[VerifyOptions] = None, *,
            subject: Optional[str] = None, written: Optional[Dict[str, str]] = None, writer=None,
-           golden: bool = False, extra_modules: Sequence = (), written_bytes: Optional[Dict[str, bytes]] = None) -> Report:
+           golden: bool = False, extra_modules: Sequence = (), written_bytes: Optional[Dict[str, bytes]] = None,
+           record: Optional[Record] = None) -> Report:
     """Verify the files of ``artifacts`` as written: the ``.safetensors`` read back (check 1 against
     the checkpoint), the ``.onnx`` read back (2: against the official ONNX; 3: its outputs against the
     official's or the golden file's), every runtime (4: onnxruntime on the file, the torch module
@@ -522,12 +675,13 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     reference of the canonical tensors, fingerprints (5), and the files themselves (6).
 
     ``written``: the sha256 of each file as the caller just wrote it (a conversion); without it (a
-    re-verification) they are taken from the report beside the files, and the ``.onnx``/``.pt2`` are
-    regenerated from the ``.safetensors`` and compared byte for byte. ``written_bytes``: the bytes
-    behind ``written``, where the caller still has them (check 6 compares each file read back with
-    them). ``golden``: put the golden
+    re-verification) they are taken from the record in the report beside the files (``record``, read
+    here when not given: ``read_record``), every file it records must be there with that sha256 (the
+    golden file too), and the ``.onnx``/``.pt2`` are regenerated from the ``.safetensors`` and compared
+    byte for byte. ``written_bytes``: the bytes behind ``written``, where the caller still has them
+    (check 6 compares each file read back with them). ``golden``: put the golden
     file's bytes in ``report.golden``. ``extra_modules``: (title, module) pairs checked like the
-    built ones.
+    built ones. ``reference.not_run``: checks 1-2 reported not run (``Report.not_run``) and why.
 
     torch runs on ``runtime.VERIFY_THREADS`` intra-op threads throughout (``runtime.threads``: small
     forwards, fastest on one thread and unslowed by shared cores); the report's environment records
@@ -535,26 +689,72 @@ def verify(artifacts: ArtifactSet, reference: Optional[Reference] = None, option
     o = options or VerifyOptions()
     devices = list(o.devices) if o.devices else available_devices(o.include_npu)
     rep = Report(subject=subject or f"{artifacts.stem} ({artifacts.dir})", environment=environment(devices))
+    ref = reference or Reference()
+    if written is None and record is None:
+        record = read_record(artifacts)
+    for cid, why in ref.not_run.items():
+        rep.not_run.append({"check": CHECK_IDS.index(cid) + 1, "id": cid, "reason": why["reason"],
+                            "detail": why.get("detail", "")})
+    rep.not_run.sort(key=lambda n: n["check"])
     with torch_threads(VERIFY_THREADS):
-        return _verify(rep, artifacts, reference or Reference(), o, devices, written, writer, golden, extra_modules,
-                       written_bytes)
+        return _verify(rep, artifacts, ref, o, devices, written, writer, golden, extra_modules,
+                       written_bytes, record)
+
+
+def _not_run(ref: Reference, cid: str) -> Optional[str]:
+    """The summary of a check 1-2 that a re-verification could not run (``Reference.not_run``)."""
+    why = ref.not_run.get(cid)
+    if why is None:
+        return None
+    return f"not run: {why['reason']}" + (f" ({why['detail']})" if why.get("detail") else "")
 
 
 def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOptions, devices: List[str],
             written: Optional[Dict[str, str]], writer, golden: bool, extra_modules: Sequence,
-            written_bytes: Optional[Dict[str, bytes]] = None) -> Report:
+            written_bytes: Optional[Dict[str, bytes]] = None, record: Optional[Record] = None) -> Report:
     from ..converter.checkpoint import read_input_file
     from ..converter.policy_file import loads
 
-    try:  # each file read once: what the checks below run and compare is these bytes
-        files = {kind: read_input_file(artifacts.path(kind), artifacts.name(kind))
-                 for kind in BUILT if kind == SAFETENSORS or artifacts.exists(kind)}
+    again = written is None  # a re-verification: what its conversion recorded must all be there
+    if again:
+        written = dict(record.artifacts) if record is not None and record.artifacts else None
+    files: Dict[str, bytes] = {}
+    unreadable: Dict[str, str] = {}
+    kinds = list(BUILT) + ([GOLDEN] if again and written and GOLDEN in written else [])
+    for kind in kinds:  # each file read once: what the checks below run and compare is these bytes
+        if not os.path.lexists(artifacts.path(kind)):
+            if kind == SAFETENSORS:
+                rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"{artifacts.name(kind)} is missing"
+                                        + (" (its conversion wrote it)" if written and kind in written else ""),
+                                        id="safetensors"))
+                return rep
+            continue
+        try:
+            files[kind] = read_input_file(artifacts.path(kind), artifacts.name(kind))
+        except HuggyError as exc:
+            if kind == SAFETENSORS:
+                rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"does not load: {exc.one_line()}",
+                                        id="safetensors"))
+                return rep
+            unreadable[kind] = exc.message
+    try:
         policy = loads(files[SAFETENSORS], artifacts.path(SAFETENSORS))
     except HuggyError as exc:
         rep.checks.append(Check("1 safetensors vs checkpoint", FAIL, f"does not load: {exc.one_line()}",
                                 id="safetensors"))
         return rep
-    rep.checks.append(K.check_safetensors(policy, ref.checkpoint, artifacts.name(SAFETENSORS)))  # 1
+    outputs = set(policy.spec.output_names())
+    for opt, name, _ in named_tolerances(o):  # a batch's option may name another policy's output
+        if name not in outputs:
+            rep.notes.append(f"{opt} {name}: not an output of this policy (another policy's): not applied here")
+    skipped = _not_run(ref, "safetensors") if ref.checkpoint is None else None
+    rep.checks.append(Check("1 safetensors vs checkpoint", SKIP, skipped, id="safetensors") if skipped else
+                      K.check_safetensors(policy, ref.checkpoint, artifacts.name(SAFETENSORS)))  # 1
+    if ONNX not in files:
+        why = f"cannot be read: {unreadable[ONNX]}" if ONNX in unreadable else \
+            "is missing" + (" (its conversion wrote it)" if written and ONNX in written else "")
+        rep.checks.append(Check("2 rebuilt ONNX vs official", FAIL, f"{artifacts.name(ONNX)} {why}", id="official"))
+        return rep
     try:
         onnx_data = files[ONNX]
         rebuilt = onnx.load_model_from_string(onnx_data)
@@ -580,7 +780,9 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
             ctx.use_golden(golden_in, ref.golden_path, rep.environment["host"], rep.notes)
         elif damaged is None:
             rep.notes.append("no official ONNX found: verified what can be verified without one")
-        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, "no official ONNX to compare with", id="official"))
+        skipped = _not_run(ref, "official")
+        rep.checks.append(Check("2 rebuilt ONNX vs official", SKIP, skipped or "no official ONNX to compare with",
+                                id="official"))
         if damaged is not None:
             rep.checks.append(damaged)
     if rep.check("outputs") is None:  # 3
@@ -589,10 +791,10 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
     rep.checks.append(c4)
     rep.checks.append(check_fingerprints(ctx, devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
-    again = (ONNX, PT2) if written is None else () if o.program_load else (PT2,)
-    rep.checks.append(check_files(artifacts, files, policy, rebuilt, written if written is not None
-                                  else _recorded_written(artifacts), again, writer,
-                                  written_bytes if written is not None else None))
+    regenerate = (ONNX, PT2) if again else () if o.program_load else (PT2,)
+    rep.checks.append(check_files(artifacts, files, policy, rebuilt, written, regenerate, writer,
+                                  None if again else written_bytes, unreadable,
+                                  record.damaged if again and record is not None else ""))
     if golden:
         rep.golden = golden_of(ctx)
     return rep

@@ -77,25 +77,62 @@ class Report:
     environment: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     golden: Optional[bytes] = field(default=None, repr=False)  # the golden file's bytes (written by the caller)
+    # what the conversion recorded: {"artifacts": {kind: {file, sha256}}, "sources": {"checkpoint"|"official":
+    # {path, relative, sha256} or None}} (``verify OUT/`` reads it back from <stem>.verify.json and keeps it)
+    recorded: Dict[str, Any] = field(default_factory=dict)
+    # checks a re-verification could not run as the conversion did: [{"check": 1, "id", "reason", "detail"}]
+    not_run: List[Dict[str, Any]] = field(default_factory=list)
+    require_complete: bool = False  # an incomplete verification is a failure (verify --require-complete)
 
     def check(self, id: str) -> Optional[Check]:
         """The top-level check of that id, if it ran."""
         return next((c for c in self.checks if c.id == id), None)
 
     @property
+    def complete(self) -> bool:
+        """Every check the conversion ran was run again (nothing in ``not_run``)."""
+        return not self.not_run
+
+    @property
+    def failed(self) -> bool:
+        """A check failed (an incomplete verification is not a failed check)."""
+        return any(c.status == FAIL for c in self.checks)
+
+    @property
     def ok(self) -> bool:
-        return all(c.status != FAIL for c in self.checks)
+        return not self.failed and (self.complete or not self.require_complete)
+
+    def incomplete(self) -> str:
+        """``checks 1-2 not run: checkpoint not found`` ('' when complete): the checks not run and why."""
+        if not self.not_run:
+            return ""
+        nums = sorted({int(n["check"]) for n in self.not_run})
+        which = f"check {nums[0]}" if len(nums) == 1 else \
+            f"checks {nums[0]}-{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1)) else \
+            "checks " + ", ".join(map(str, nums))
+        reasons: List[str] = []
+        for n in self.not_run:
+            if n["reason"] not in reasons:
+                reasons.append(n["reason"])
+        return f"{which} not run: {', '.join(reasons)}"
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
+        if self.failed:
             return "FAIL"
-        return "PASS (with warnings)" if any(c.status == WARN for c in self.checks) else "PASS"
+        warned = any(c.status == WARN for c in self.checks)
+        if not self.complete:
+            if self.require_complete:
+                return f"FAIL ({self.incomplete()}; --require-complete)"
+            return f"PASS ({'with warnings; ' if warned else ''}{self.incomplete()})"
+        return "PASS (with warnings)" if warned else "PASS"
 
     def failures(self) -> List[str]:
         out: List[str] = []
         for c in self.checks:
             out += c.failures()
+        if not self.failed and not self.ok:
+            out.append(f"incomplete ({self.incomplete()}) and --require-complete")
         return out
 
     def first_failure(self) -> Optional[str]:
@@ -103,8 +140,12 @@ class Report:
         return f[0] if f else None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"subject": self.subject, "verdict": self.verdict, "ok": self.ok, "notes": self.notes,
-                "checks": [c.to_dict() for c in self.checks], "environment": _clean(self.environment)}
+        d = {"subject": self.subject, "verdict": self.verdict, "ok": self.ok, "complete": self.complete,
+             "not_run": _clean(self.not_run), "notes": self.notes, "checks": [c.to_dict() for c in self.checks],
+             "environment": _clean(self.environment)}
+        if self.recorded:
+            d["recorded"] = _clean(self.recorded)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
