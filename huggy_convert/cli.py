@@ -20,6 +20,15 @@ class DefaultGroup(click.Group):
 
     default_command = "convert"
 
+    def main(self, *args, **kwargs):
+        """Every command's output through ``console.guard``: a character the console cannot encode is
+        written as its ASCII fallback or escaped, a failed write drops the rest; the exit code stays
+        the command's (its verdict), whatever the console."""
+        from .console import guard
+
+        with guard():
+            return super().main(*args, **kwargs)
+
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = [self.default_command] + list(args)
