@@ -276,6 +276,8 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
                    f"{s['modules'][0]} + {s['modules'][1]}; no optimizer or critic: ML-Agents starts them fresh)")
         click.echo(f"  {'✓' if res.ok else '✗'} read back: spec {'equal' if rb['spec_equal'] else 'DIFFERS'}, "
                    f"{rb['bitwise_equal']}/{rb['tensors']} tensors bitwise equal, step {rb['training_step']}")
+        for w in s["warnings"]:
+            click.echo(f"  warning: {w}")
         first, *rest = s["usage"]
         click.echo(f"  use: {first}")
         for line in rest:
