@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from . import contract as C
+from .console import show_verdict
 from .errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 from .modes.commands import Command  # one-line usage errors (the modes' command class)
 
@@ -169,7 +170,10 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             from .batch import run_batch
 
             return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
-        res = convert_one(source, out, opts)
+        res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
+        return show_verdict(lambda: show(res), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+    def show(res):
         s, atc = res.summary(), res.atc()
         s["atc"] = atc
         if as_json:
@@ -193,7 +197,6 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             if res.report is not None:
                 click.echo(res.report.render())
             click.echo(f"  {res.seconds:.2f} s")
-        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
 
     sys.exit(run_guarded(go, as_json, source))
 
@@ -264,11 +267,14 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
     from .pipeline import to_checkpoint
 
     def go():
-        res = to_checkpoint(policy, out, global_step)
+        res = to_checkpoint(policy, out, global_step)  # written and read back: then the display
+        return show_verdict(lambda: show(res), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+    def show(res):
         s = res.summary()
         if as_json:
             click.echo(json.dumps(s, indent=2))
-            return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+            return
         rb = s["read_back"]
         click.echo(f"{policy} -> {res.path}")
         click.echo(f"  {s['family']}, step {res.global_step}")
@@ -282,7 +288,6 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
         click.echo(f"  use: {first}")
         for line in rest:
             click.echo(f"       {line}")
-        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
 
     sys.exit(run_guarded(go, as_json, policy))
 

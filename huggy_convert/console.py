@@ -153,3 +153,19 @@ def guard() -> Iterator[None]:
                 err.write(f"huggy-convert: warning: {cs._name}: output lost: {os.strerror(cs.lost.errno or 0)}\n")
                 err.flush()
         sys.stdout, sys.stderr = saved
+
+
+def show_verdict(show, code: int) -> int:
+    """``show()`` (print a result whose files are written and whose verdict is decided), then ``code``:
+    a failure while printing (a bug in a renderer, a file the display reads gone) is one line on stderr,
+    never another exit code, so the files on disk and the exit code say the same thing."""
+    try:
+        show()
+    except Exception as e:  # noqa: BLE001 - the verdict stands; the display is what failed
+        from .errors import from_foreign
+
+        sys.stdout.flush()
+        sys.stderr.write(f"huggy-convert: warning: the result could not be printed in full: "
+                         f"{from_foreign(e).one_line()}; exit code {code} is the verdict's\n")
+        sys.stderr.flush()
+    return code

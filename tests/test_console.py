@@ -189,3 +189,23 @@ def test_fallbacks_are_ascii_and_only_where_needed():
     assert printable(line, "utf-8") == "├─ ✓ 1 … →\u00e9 \u4e2d \\udce9"  # a lone surrogate (a non-UTF-8 file name)
     assert printable(line, "cp1252") == "|- ok 1 … ->\u00e9 \\u4e2d \\udce9"  # cp1252 has … and é
     assert printable(line, "ascii") == "|- ok 1 ... ->\\xe9 \\u4e2d \\udce9"
+
+
+def test_a_display_that_fails_after_the_files_are_written_is_not_the_exit_code(tmp_path, monkeypatch):
+    """The files are written and the verdict decided before anything is printed: a display that then
+    fails (a renderer's bug, the ONNX the ATC advice reads gone) is one warning line, and the exit code
+    is the verdict the written .verify.json records."""
+    from click.testing import CliRunner
+
+    from huggy_convert.cli import main
+    from huggy_convert.pipeline import ConvertResult
+
+    def broken(self):
+        raise RuntimeError("the display broke")
+
+    monkeypatch.setattr(ConvertResult, "atc", broken)
+    r = CliRunner().invoke(main, [str(SMALL), str(tmp_path / "out"), "--no-program"])
+    assert r.exit_code == 0, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "warning" in lines[0] and "the display broke" in lines[0], lines
+    assert json.loads((tmp_path / "out" / f"{SMALL.stem}.verify.json").read_text())["ok"]
