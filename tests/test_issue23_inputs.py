@@ -120,29 +120,39 @@ def _checkpoint(tmp_path: Path, suffix: str, value: float) -> Path:
     return p
 
 
-NUMERIC = {  # (tensor, value, the verdict's exit code)
-    "log_sigma_huge": (C.LOG_SIGMA, 1e30, 0),  # exp overflows: every sample at the +-1 clip, exactly
-    "log_sigma_denormal": (C.LOG_SIGMA, 1e-44, 0),
+NUMERIC = {  # (tensor, value, the verdict's exit code, convert's options)
+    "log_sigma_huge": (C.LOG_SIGMA, 1e30, 0, []),  # exp overflows: every sample at the +-1 clip, exactly
+    "log_sigma_denormal": (C.LOG_SIGMA, 1e-44, 0, []),
     # the float32 divisor underflows to 0: ML-Agents' own export divides by 0 too, NaN where obs == mean
-    "variance_denormal": ("normalizer." + C.NORM_VAR, 1e-44, 1),
+    "variance_denormal": ("normalizer." + C.NORM_VAR, 1e-44, 1, []),
+    # ... which the float32 runs alone fail too (a NaN reference value bounds nothing; it once passed)
+    "variance_denormal_float32_only": ("normalizer." + C.NORM_VAR, 1e-44, 1, ["--verify-dtype", "float32"]),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(NUMERIC))
 def test_6_numeric_extremes_convert_without_numpy_warnings(kind, tmp_path):
-    suffix, value, code = NUMERIC[kind]
+    suffix, value, code, options = NUMERIC[kind]
     ck = _checkpoint(tmp_path, suffix, value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = _cli([ck, tmp_path / "out", "--no-program"])
+        r = _cli([ck, tmp_path / "out", "--no-program"] + options)
         s = _cli(["stats", ck, "--steps", "8", "--rows", "2"])
     noise = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught
              if issubclass(w.category, RuntimeWarning)]
     assert noise == [], noise
     assert r.exit_code == code, r.stdout[-3000:] + r.stderr[-2000:]
     assert "internal error" not in r.stderr + s.stderr, r.stderr + s.stderr
-    assert s.exit_code == (1 if kind == "variance_denormal" else 0), s.stdout[-2000:]
+    assert s.exit_code == (1 if kind.startswith("variance_denormal") else 0), s.stdout[-2000:]
+
+
+def test_6_a_nan_bound_bounds_nothing():
+    from huggy_convert.verify.bounds import Reference, judge
+
+    ref = Reference({"a": np.array([1.0, np.nan])}, {"a": np.array([np.nan, 1e-6])}, {})
+    assert not judge(ref, "a", np.array([1.0, 1.0], np.float32))["ok"]
+    assert judge(Reference({"a": np.array([1.0])}, {"a": np.array([1e-6])}, {}), "a", np.float32([1.0]))["ok"]
 
 
 # --- 6. a golden file that holds nothing check 3 reads ---------------------------------------------
