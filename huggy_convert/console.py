@@ -128,6 +128,13 @@ class ConsoleStream:
         return getattr(self._stream, name)
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` as ``ConsoleStream`` for the duration (the originals back
@@ -137,6 +144,8 @@ def guard() -> Iterator[None]:
     wrapped = []
     for name in ("stdout", "stderr"):
         s = getattr(sys, name)
+        if sys.platform == "win32" and _isatty(s):  # a Windows console: Unicode already (PEP 528; click writes
+            continue                                 # it through WriteConsoleW, which needs the stream's buffer)
         if s is not None and not isinstance(s, ConsoleStream):
             cs = ConsoleStream(s, name)
             setattr(sys, name, cs)

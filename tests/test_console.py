@@ -53,12 +53,12 @@ COMMANDS = {
 TIMINGS = {"seconds", "ms_per_checkpoint", "total_s"}
 
 DRIVER = r"""
-import json, sys
+import json, os, sys
 from huggy_convert.cli import main
 codes = []
 for args in json.load(open(sys.argv[1])):
-    try:
-        main.main(args=args, prog_name="huggy-convert")
+    try:  # each argument as the interpreter decodes its own argv (the file system encoding, surrogateescape)
+        main.main(args=[os.fsdecode(bytes.fromhex(a)) for a in args], prog_name="huggy-convert")
         codes.append(0)
     except SystemExit as e:
         codes.append(e.code if isinstance(e.code, int) else (0 if e.code is None else 1))
@@ -86,7 +86,7 @@ def _run(console: str, base: Path) -> dict:
     where.mkdir()
     shutil.copytree(SMALL_RUN, where / RUN)
     table = [args for runs in COMMANDS.values() for args in runs]
-    (base / f"{console}.json").write_text(json.dumps(table))
+    (base / f"{console}.json").write_text(json.dumps([[os.fsencode(a).hex() for a in args] for args in table]))
     env = _env(console)
     r = subprocess.run([sys.executable, "-c", DRIVER, str(base / f"{console}.json"), str(base / f"{console}.codes")],
                        cwd=where, env=env, capture_output=True, timeout=600)
