@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from . import contract as C
+from .console import show_verdict
 from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
 from .modes.commands import Command  # one-line usage errors (the modes' command class)
 
@@ -19,6 +20,15 @@ class DefaultGroup(click.Group):
     """``huggy-convert SOURCE OUT`` is ``huggy-convert convert SOURCE OUT``."""
 
     default_command = "convert"
+
+    def main(self, *args, **kwargs):
+        """Every command's output through ``console.guard``: a character the console cannot encode is
+        written as its ASCII fallback or escaped, a failed write drops the rest; the exit code stays
+        the command's (its verdict), whatever the console."""
+        from .console import guard
+
+        with guard():
+            return super().main(*args, **kwargs)
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
@@ -164,7 +174,10 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             from .batch import run_batch
 
             return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
-        res = convert_one(source, out, opts)
+        res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
+        return show_verdict(lambda: show(res), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+    def show(res):
         s, atc = res.summary(), res.atc()
         s["atc"] = atc
         if as_json:
@@ -188,7 +201,6 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             if res.report is not None:
                 click.echo(res.report.render())
             click.echo(f"  {res.seconds:.2f} s")
-        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
 
     sys.exit(run_guarded(go, as_json, source))
 
@@ -283,11 +295,14 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
     from .pipeline import to_checkpoint
 
     def go():
-        res = to_checkpoint(policy, out, global_step)
+        res = to_checkpoint(policy, out, global_step)  # written and read back: then the display
+        return show_verdict(lambda: show(res), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+    def show(res):
         s = res.summary()
         if as_json:
             click.echo(json.dumps(s, indent=2))
-            return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+            return
         rb = s["read_back"]
         click.echo(f"{policy} -> {res.path}")
         click.echo(f"  {s['family']}, step {res.global_step}")
@@ -295,11 +310,12 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
                    f"{s['modules'][0]} + {s['modules'][1]}; no optimizer or critic: ML-Agents starts them fresh)")
         click.echo(f"  {'✓' if res.ok else '✗'} read back: spec {'equal' if rb['spec_equal'] else 'DIFFERS'}, "
                    f"{rb['bitwise_equal']}/{rb['tensors']} tensors bitwise equal, step {rb['training_step']}")
+        for w in s["warnings"]:
+            click.echo(f"  warning: {w}")
         first, *rest = s["usage"]
         click.echo(f"  use: {first}")
         for line in rest:
             click.echo(f"       {line}")
-        return EXIT_OK if res.ok else EXIT_VERIFY_FAILED
 
     sys.exit(run_guarded(go, as_json, policy))
 

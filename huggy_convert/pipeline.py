@@ -435,6 +435,7 @@ class ToCheckpointResult:
     keys: List[str]
     read_back: Dict[str, object]
     behavior: Optional[str]
+    warnings: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -447,7 +448,8 @@ class ToCheckpointResult:
                 "modules": [C.CKPT_POLICY, C.CKPT_GLOBAL_STEP], "policy_keys": self.keys,
                 "not_included": "optimizer, critic and reward-signal state: ML-Agents logs 'Failed to load for "
                                 "module ...' for each and starts it fresh",
-                "behavior": self.behavior, "read_back": self.read_back, "usage": self.usage()}
+                "behavior": self.behavior, "read_back": self.read_back, "usage": self.usage(),
+                "warnings": list(self.warnings)}
 
     def usage(self) -> List[str]:
         """How ML-Agents takes the file: ``--initialize-from`` (its run directory layout) or ``init_path``."""
@@ -479,6 +481,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
         global_step = int(recorded) if recorded.isdigit() else 0
     ckpt = checkpoint_dict(policy, global_step)
     data, keys = checkpoint_bytes(ckpt), list(ckpt[C.CKPT_POLICY])
+    warnings = normalizer_weight_warnings(policy, ckpt[C.CKPT_POLICY])
     del ckpt
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -501,4 +504,20 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
                  "bitwise_equal": len(equal), "training_step": back.global_step, "bytes_as_written": same_bytes}
     m = C.STEP_CHECKPOINT_RE.match(policy.metadata.get("source_file", ""))
     return ToCheckpointResult(src, path, policy, int(global_step), back.sha256, len(data), keys, read_back,
-                              m.group("behavior") if m else None)
+                              m.group("behavior") if m else None, warnings)
+
+
+def normalizer_weight_warnings(policy, state: Dict[str, object]) -> List[str]:
+    """One line when the written normalizer counts a single step (a policy recovered from an ONNX holds
+    ``normalization_steps = 1``: the ONNX keeps only the folded divisor): ML-Agents' normalizer update
+    weighs its statistics against each new batch by the step counts, so they count as one observation
+    and the first batch of continued training replaces them."""
+    ones = sorted(k for k, t in state.items() if k.endswith("." + C.NORM_STEPS) and int(t.reshape(-1)[0]) == 1)
+    if not ones:
+        return []
+    why = ("recovered from an ONNX, which keeps only the folded divisor"
+           if policy.metadata.get(C.MD_RECOVERED) else "the policy's normalizer counts one step")
+    return [f"normalizer: {C.NORM_STEPS} = 1 ({why}): continued training counts these statistics as ONE "
+            f"observation, so ML-Agents' running mean and variance become those of the first new observations "
+            f"and the policy's inputs shift; to keep them, initialize from the run's own .pt checkpoint if you "
+            f"have it, else expect the first updates to re-adapt the policy"]

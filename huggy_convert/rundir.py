@@ -31,7 +31,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import contract as C
@@ -92,14 +92,33 @@ def _field(e: dict, key: str, kinds, what: str):
     return v
 
 
-def _status_records(doc) -> List[dict]:
+def _folder_name(name: str) -> bool:
+    """A behavior key names a folder of the run: one plain name, on POSIX and on Windows alike
+    (not ``/etc``, ``..``, ``a/b``, ``C:x``)."""
+    return (name not in ("", ".", "..") and "\x00" not in name and PurePosixPath(name).name == name
+            and PureWindowsPath(name).name == name)
+
+
+def _outside(p: str) -> bool:
+    """A listed file whose path climbs out of its folders (``../../etc/x.pt``): not a file of this run.
+    (An absolute path is ML-Agents' own on another machine, a Colab ``/content/...``: its base name.)"""
+    return ".." in PurePosixPath(p.replace("\\", "/")).parts
+
+
+def _status_records(doc, ignored: Optional[List[str]] = None) -> List[dict]:
     """Records ``{behavior, name, parent, step, reward, creation_time}`` of a parsed status file;
-    anything of the wrong type is a ``BrokenStatus``."""
+    anything of the wrong type is a ``BrokenStatus``. A behavior key that is not a folder name of the
+    run, or a listed path that climbs out of the run's folders, names nothing of this run: its entries
+    are left out, each said in ``ignored``."""
     if not isinstance(doc, dict):
         raise BrokenStatus(f"a JSON {type(doc).__name__}, not an object")
+    ignored = [] if ignored is None else ignored
     records = []
     for behavior, val in doc.items():
         if behavior == C.STATUS_METADATA or not isinstance(val, dict):
+            continue
+        if not _folder_name(str(behavior)):
+            ignored.append(f"behavior {clip(repr(behavior), 40)} (not a folder name of the run)")
             continue
         entries = _field(val, C.STATUS_CHECKPOINTS, list, "a list") or []
         final = _field(val, C.STATUS_FINAL, dict, "an object")
@@ -116,6 +135,10 @@ def _status_records(doc) -> List[dict]:
             reward = _field(e, C.STATUS_REWARD, (int, float), "a number")
             created = _field(e, C.STATUS_CREATION_TIME, (int, float), "a number")
             file_path = _field(e, C.STATUS_FILE_PATH, str, "a file name")
+            escaping = [p for p in aux + [file_path or ""] if _outside(p)]
+            if escaping:
+                ignored.append(f"{clip(repr(escaping[0]), 60)} (outside the run)")
+                continue
             pts = [p for p in aux if p.endswith(C.CHECKPOINT_SUFFIX)]
             if not pts and file_path:
                 pts = [str(PurePosixPath(file_path.replace("\\", "/")).with_suffix(C.CHECKPOINT_SUFFIX))]
@@ -131,10 +154,12 @@ def _status_records(doc) -> List[dict]:
 def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
     """Records of training_status.json, or none and one warning when the file is broken (unreadable,
     not UTF-8, not JSON, nested too deeply, the wrong types, numbers out of range): the checkpoints
-    are then found by their file names."""
+    are then found by their file names. Entries naming paths outside the run are left out with one
+    warning; the rest of the file is used."""
+    ignored: List[str] = []
     try:
         text = read_input_file(path, STATUS_FILE.name, STATUS_MAX_BYTES).decode("utf-8")
-        records = _status_records(json.loads(text, parse_float=_finite, parse_constant=_no_constant))
+        records = _status_records(json.loads(text, parse_float=_finite, parse_constant=_no_constant), ignored)
     except InputError as exc:
         reason = exc.message
     except UnicodeDecodeError:
@@ -146,6 +171,10 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
     except ValueError as exc:  # BrokenStatus, or an integer too long to parse
         reason = clip(" ".join(str(exc).split()), 120)
     else:
+        if ignored:
+            more = f" and {len(ignored) - 1} more" if len(ignored) > 1 else ""
+            return records, (f"{path}: names paths outside the run: ignored {ignored[0]}{more}; "
+                             "the rest of the file is used")
         return records, None
     return [], f"{path}: broken {STATUS_FILE.name} ({reason}); using the file names"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .. import contract as C
+from ..console import show_verdict
 from ..errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
 from .sources import DTYPES
 
@@ -48,10 +49,12 @@ def guarded(fn, as_json: bool = False, mode: str = "") -> None:
         if as_json:
             click.echo(json.dumps({"ok": False, "error": e.one_line(), "exit_code": e.exit_code}))
         sys.exit(e.exit_code)
-    click.echo(res.to_json() if as_json else res.render())
-    if not res.ok:
-        click.echo(f"huggy-convert: {mode or res.mode}: a check failed (see above)", err=True)
-    sys.exit(EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+    def show():
+        click.echo(res.to_json() if as_json else res.render())
+        if not res.ok:
+            click.echo(f"huggy-convert: {mode or res.mode}: a check failed (see above)", err=True)
+
+    sys.exit(show_verdict(show, EXIT_OK if res.ok else EXIT_VERIFY_FAILED))
 
 
 def _opts(*decorators):

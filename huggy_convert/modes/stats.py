@@ -20,6 +20,7 @@ runaway state is what fails it.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Dict, List
 
 import numpy as np
@@ -101,9 +102,11 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
         at_clip = np.abs(a) >= 1.0
         for j in range(a.shape[1]):
             col = a[:, j]
-            per_dim.append({"dim": j, "mean": float(np.nanmean(col)), "std": float(np.nanstd(col)),
-                            "min": float(np.nanmin(col)), "max": float(np.nanmax(col)),
-                            "frac_at_clip": float(at_clip[:, j].mean())})
+            with warnings.catch_warnings():  # a dimension that is NaN throughout: NaN figures, and finite=False above
+                warnings.simplefilter("ignore", RuntimeWarning)
+                per_dim.append({"dim": j, "mean": float(np.nanmean(col)), "std": float(np.nanstd(col)),
+                                "min": float(np.nanmin(col)), "max": float(np.nanmax(col)),
+                                "frac_at_clip": float(at_clip[:, j].mean())})
     branches = []
     if disc_log:
         d = np.concatenate(disc_log, axis=0)

@@ -132,6 +132,7 @@ def accumulation(n: int) -> float:
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
     exact = (x.v - x.err > hi) | (x.v + x.err < lo)  # beyond the clip even with the error: exactly lo/hi
+    exact |= np.isinf(x.v)  # float64 overflowed (exp of a huge log_sigma): float32, with less range, did too
     return Bounded(np.clip(x.v, lo, hi), np.where(exact, 0.0, x.err))
 
 
@@ -153,7 +154,7 @@ def tanh(x: Bounded) -> Bounded:
 def exp(x: Bounded) -> Bounded:
     v = np.exp(x.v)
     hi = np.exp(x.v + x.err)  # increasing: |exp(x + e) - exp(x)| <= exp(x + |e|) - exp(x)
-    return Bounded(v, (hi - v) + E_EXP * hi)
+    return Bounded(v, np.where(hi == v, 0.0, hi - v) + E_EXP * hi)  # hi == v: exact, or both inf (not inf - inf)
 
 
 def mul(a: Bounded, b: Bounded) -> Bounded:
@@ -364,7 +365,10 @@ class Float64Policy:
         self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
     def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":
-        with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
+        # IEEE arithmetic as the float32 runtimes do it: exp(-z) of a very negative z is inf (sigmoid 0, swish -0,
+        # as intended); a divisor that underflowed to 0 or an exp(log_sigma) that overflowed gives inf/NaN,
+        # which judge() counts against the runtime (a NaN value or bound is no bound): no numpy warnings
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             return self._forward(feed, noise, bounds)
 
     def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -431,7 +435,7 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
     g64 = got.astype(np.float64)
     err = np.abs(g64 - want)
     err = np.where(np.isfinite(g64), err, np.inf)
-    over = err > bound
+    over = ~(err <= bound)  # a NaN reference value or bound bounds nothing
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(bound > 0, err / bound, np.where(err > 0, np.inf, 0.0))
     d.update(ok=not bool(over.any()), max_abs=float(err.max()) if err.size else 0.0,

@@ -118,20 +118,40 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
     }
 
 
-def load_golden(path) -> Dict[str, Dict[str, np.ndarray]]:
-    """A golden file's arrays (``converter.checkpoint.load_npz``: no pickle, bounded; ``InputError``)."""
+def load_golden(path, spec=None) -> Dict[str, Dict[str, np.ndarray]]:
+    """A golden file's arrays (``converter.checkpoint.load_npz``: no pickle, bounded; ``InputError``),
+    holding what check 3 reads from it for ``spec``'s policy: each input in its shape, one row count,
+    the deterministic outputs (an empty ``.npz`` is an ``InputError`` too, which the verification makes
+    its check 3's failure)."""
     d = load_npz(path, "golden file")
     try:
         host = json.loads(str(d.pop(GOLDEN_HOST))) if GOLDEN_HOST in d else None
     except ValueError:
         host = None
-    return {
+    g = {
         "host": host,
         "inputs": {k[len(GOLDEN_IN):]: v for k, v in d.items() if k.startswith(GOLDEN_IN)},
         "outputs": {k[len(GOLDEN_OUT):]: v for k, v in d.items() if k.startswith(GOLDEN_OUT)},
         "noise": {"probes": d[GOLDEN_NOISE]} if GOLDEN_NOISE in d else {},
         "noised": {"probes": d[GOLDEN_NOISED]} if GOLDEN_NOISED in d else {},
     }
+    if not d:
+        raise InputError("golden file holds no arrays", path)
+    if spec is not None:
+        rows = set()
+        for port in spec.io_signature().inputs:
+            a = g["inputs"].get(port.name)
+            if a is None:
+                raise InputError(f"golden file holds no input {port.name!r}", path)
+            if a.ndim != len(port.dims) or any(isinstance(n, int) and n != m for n, m in zip(port.dims, a.shape)):
+                raise InputError(f"golden input {port.name!r} has shape {list(a.shape)}, not {list(port.dims)}", path)
+            rows.add(a.shape[0])
+        if len(rows) > 1 or 0 in rows:
+            raise InputError(f"golden inputs of {sorted(rows)} rows, not one count of at least 1", path)
+        missing = [n for n in spec.deterministic_output_names() if n not in g["outputs"]]
+        if missing:
+            raise InputError(f"golden file holds no output {missing[0]!r}", path)
+    return g
 
 
 def golden_bytes(feed, outputs, noise=None, noised=None) -> bytes:
@@ -773,7 +793,7 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
         golden_in = damaged = None
         if ref.golden_path and Path(ref.golden_path).is_file():
             try:
-                golden_in = load_golden(ref.golden_path)
+                golden_in = load_golden(ref.golden_path, policy.spec)
             except HuggyError as exc:  # a damaged golden file in OUT: the verdict, not bad input
                 damaged = Check("3 outputs vs the reference", FAIL, f"does not load: {exc.one_line()}", id="outputs")
         if golden_in is not None:
