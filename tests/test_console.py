@@ -50,7 +50,8 @@ COMMANDS = {
 }
 # what legitimately differs between two runs on the same console: timings (seconds, latencies); the
 # files holding them are compared without them
-TIMINGS = {"seconds", "ms_per_checkpoint", "total_s"}
+# what differs per run: timings, and the reports' hashes (a report records where its sources were)
+TIMINGS = {"seconds", "ms_per_checkpoint", "total_s", "report_sha256"}
 
 DRIVER = r"""
 import json, os, sys
@@ -112,9 +113,15 @@ def _without_timings(p: Path):
     if p.name in ("manifest.json", "matrix.json"):
         def drop(o):
             if isinstance(o, dict):
-                return {k: drop(v) for k, v in o.items() if k not in TIMINGS and "latency" not in k}
+                return {k: drop({a: b for a, b in v.items() if a != "sha256"} if k == "report" and isinstance(v, dict) else v)
+                        for k, v in o.items() if k not in TIMINGS and "latency" not in k}
             return [drop(v) for v in o] if isinstance(o, list) else o
         return drop(json.loads(data))
+    if p.name.endswith(".verify.json"):  # where the sources were: each console converts its own copy of the run
+        rep = json.loads(data)
+        for src in rep.get("recorded", {}).get("sources", {}).values():
+            src.pop("path", None), src.pop("relative", None)
+        return rep
     if p.name == "manifest.csv":
         rows = [line.split(",") for line in data.decode().splitlines()]
         cols = [i for i, h in enumerate(rows[0]) if h not in TIMINGS]
