@@ -47,6 +47,54 @@ L_SWISH = 1.0998  # max |d/dz z sigmoid(z)|
 TIE = 32 * U32  # relative closeness of two logits under which softmax + argmax may pick either
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The format a runtime computes in, as the bounds see it (see "Half formats" above).
+
+    ``u``: the unit roundoff of every operation's result (and of the accumulation); ``stored``: the
+    weights, biases and inputs are rounded to the format first (False for float32: the policy's float32
+    tensors as they are); ``sub``: the absolute error of a rounding below the normal range (half the
+    spacing of the subnormals; 0 for float32, whose subnormals start at 1.2e-38 and never matter here);
+    ``max``: the largest finite value; ``tiny``: the smallest normal one. The kernels' errors are the same multiples of ``u`` as float32's
+    (``E_SIGMOID`` 8 u, ``E_TANH`` 16 u, ``E_EXP`` 4 u, ``TIE`` 32 u)."""
+
+    name: str
+    u: float
+    acc: float = U32
+    stored: bool = False
+    sub: float = 0.0
+    max: float = float(np.finfo(np.float32).max)
+    tiny: float = 2.0 ** -126
+
+    @property
+    def e_sigmoid(self) -> float:
+        return 8 * self.u
+
+    @property
+    def e_tanh(self) -> float:
+        return 16 * self.u
+
+    @property
+    def e_exp(self) -> float:
+        return 4 * self.u
+
+    @property
+    def tie(self) -> float:
+        return 32 * self.u
+
+    def rnd(self, v):
+        """One rounding of ``v`` to the format: ``u |v|`` (``+ sub`` below the normal range)."""
+        return self.u * np.abs(v) + self.sub if self.sub else self.u * np.abs(v)
+
+
+U16 = 2.0 ** -11  # unit roundoff of IEEE binary16 (10 stored significand bits, round to nearest)
+UBF16 = 2.0 ** -8  # unit roundoff of bfloat16 (7 stored significand bits, round to nearest)
+FLOAT32 = Precision("float32", U32)
+FLOAT16 = Precision("float16", U16, stored=True, sub=2.0 ** -25, max=65504.0, tiny=2.0 ** -14)
+BFLOAT16 = Precision("bfloat16", UBF16, stored=True, sub=2.0 ** -134, max=float(2 ** 127 * (2 - 2 ** -7)))
+PRECISIONS = {p.name: p for p in (FLOAT32, FLOAT16, BFLOAT16)}
+
+
 @dataclass
 class Bounded:
     """float64 values ``v`` and a bound ``err`` on a float32 runtime's error in each element."""
@@ -105,11 +153,12 @@ class Linear:
         return self._W2T
 
 
-def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False) -> Bounded:
+def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False, p: Precision = FLOAT32) -> Bounded:
     """``x W^T + b`` (Gemm / addmm / addmv; on the last axis of any rank, MatMul + Add): inherited
     errors root-sum-square, plus its own roundings. ``correlated``: the inputs' errors share a common
     cause (a LayerNorm's divisor, a softmax's normalisation), so they add up linearly (``|W| e``), the
-    worst case, instead."""
+    worst case, instead. In a half format (``p.stored``) the weights and bias are rounded to it first:
+    ``|dW| <= u |W|`` (``sub`` below its normal range), which adds at most ``u A + sub (sum |x| + 1)``."""
     z = _mm(x.v, lin.WT) + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
@@ -118,16 +167,20 @@ def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = Fals
         inherited = _mm(x.err, lin.aWT).astype(np.float64) * SLACK
     else:
         inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
-    return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
+    err = inherited + LAMBDA * p.acc * np.sqrt(lin.n) * A
+    if p.stored:
+        err = err + p.u * A + p.sub * ((np.abs(x.v) + x.err).sum(axis=-1, keepdims=True) + 1)
+        err = err + p.u * (np.abs(z) + err) + p.sub  # the result stored in the format
+    return Bounded(z, err)
 
 
-def accumulation(n: int) -> float:
-    """The relative bound on the rounding error of a float32 sum of ``n`` terms (or an inner product
-    of length ``n``) in any order, against the sum of the terms' magnitudes: the deterministic
-    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1)
-    or the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums:
-    the deterministic one)."""
-    return min(n * U32 / (1 - n * U32), LAMBDA * U32 * np.sqrt(n))
+def accumulation(n: int, u: float = U32) -> float:
+    """The relative bound on the rounding error of a sum of ``n`` terms (or an inner product of length
+    ``n``) in any order, each operation's unit roundoff ``u``, against the sum of the terms'
+    magnitudes: the deterministic ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of
+    Numerical Algorithms", 3.1) or the probabilistic ``LAMBDA u sqrt(n)`` of the model above,
+    whichever is smaller (short sums: the deterministic one)."""
+    return min(n * u / (1 - n * u), LAMBDA * u * np.sqrt(n)) if n * u < 1 else LAMBDA * u * np.sqrt(n)
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -135,44 +188,50 @@ def clip(x: Bounded, lo: float, hi: float) -> Bounded:
     return Bounded(np.clip(x.v, lo, hi), np.where(exact, 0.0, x.err))
 
 
-def scale(x: Bounded, c: float) -> Bounded:
+def scale(x: Bounded, c: float, p: Precision = FLOAT32) -> Bounded:
     """``x * c`` by a constant (ML-Agents' ``/ 3``): one rounding."""
     v = x.v * c
-    return Bounded(v, np.abs(c) * x.err + U32 * np.abs(v))
+    return Bounded(v, np.abs(c) * x.err + p.rnd(v))
 
 
-def sigmoid(x: Bounded) -> Bounded:
-    return Bounded(1.0 / (1.0 + np.exp(-x.v)), 0.25 * x.err + E_SIGMOID)
+def sigmoid(x: Bounded, p: Precision = FLOAT32) -> Bounded:
+    return Bounded(1.0 / (1.0 + np.exp(-x.v)), 0.25 * x.err + p.e_sigmoid)
 
 
-def tanh(x: Bounded) -> Bounded:
+def tanh(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = np.tanh(x.v)
-    return Bounded(v, x.err + E_TANH + U32 * np.abs(v))
+    return Bounded(v, x.err + p.e_tanh + p.rnd(v))
 
 
-def exp(x: Bounded) -> Bounded:
+def exp(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = np.exp(x.v)
     hi = np.exp(x.v + x.err)  # increasing: |exp(x + e) - exp(x)| <= exp(x + |e|) - exp(x)
-    return Bounded(v, (hi - v) + E_EXP * hi)
+    return Bounded(v, (hi - v) + p.e_exp * hi + (p.sub if p.sub else 0.0))
 
 
-def mul(a: Bounded, b: Bounded) -> Bounded:
+def mul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = a.v * b.v
-    return Bounded(v, (np.abs(a.v) + a.err) * b.err + np.abs(b.v) * a.err + U32 * np.abs(v))
+    return Bounded(v, (np.abs(a.v) + a.err) * b.err + np.abs(b.v) * a.err + p.rnd(v))
 
 
-def add(a: Bounded, b: Bounded) -> Bounded:
+def add(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = a.v + b.v
-    return Bounded(v, a.err + b.err + U32 * np.abs(v))
+    return Bounded(v, a.err + b.err + p.rnd(v))
 
 
-def swish(z: Bounded) -> Bounded:
+def swish(z: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``z * sigmoid(z)`` (ML-Agents' Swish, exported as Sigmoid + Mul)."""
     v = z.v / (1.0 + np.exp(-z.v))
-    return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * E_SIGMOID + U32 * np.abs(v))
+    return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * p.e_sigmoid + p.rnd(v))
 
 
-def matmul(a: Bounded, b: Bounded) -> Bounded:
+def stored(x: Bounded, p: Precision) -> Bounded:
+    """``x`` (float32 values: an input, the float32 normalizer's output) cast to the format ``p``: one
+    rounding when it is a half format, nothing in float32."""
+    return Bounded(x.v, x.err + p.rnd(x.v)) if p.stored else x
+
+
+def matmul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``a @ b`` over the last axis of ``a`` and the second-to-last of ``b`` (batched MatMul; both
     inexact): each term's inherited error ``|a| e_b + e_a (|b| + e_b)``, root-sum-square over the ``k``
     terms (independent errors, as for :func:`affine`), plus the product's own roundings
@@ -183,17 +242,20 @@ def matmul(a: Bounded, b: Bounded) -> Bounded:
     # sum_k (|a| e_b + e_a (|b| + e_b))^2, expanded into three products
     bb = np.abs(b.v) + b.err
     sq = (a.v ** 2) @ (b.err ** 2) + 2 * (np.abs(a.v) * a.err) @ (b.err * bb) + (a.err ** 2) @ (bb ** 2)
-    return Bounded(v, np.sqrt(sq) + accumulation(k) * A * (1 + U32))
+    err = np.sqrt(sq) + accumulation(k, p.acc) * A * (1 + p.acc)
+    if p.stored:
+        err = err + p.u * (np.abs(v) + err) + p.sub  # the result stored in the format
+    return Bounded(v, err)
 
 
-def minus_plus_one(x: Bounded) -> Bounded:
+def minus_plus_one(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``(x - 1) + 1`` in float32 (ML-Agents' MultiHeadAttention does it to the keys, a workaround for
     Sentis): the same value, two roundings, ``u |x - 1|`` then ``u |x|``, each on the perturbed value."""
-    e1 = x.err + U32 * (np.abs(x.v - 1.0) + x.err)
-    return Bounded(x.v, e1 + U32 * (np.abs(x.v) + e1))
+    e1 = x.err + p.u * (np.abs(x.v - 1.0) + x.err)
+    return Bounded(x.v, e1 + p.u * (np.abs(x.v) + e1))
 
 
-def layer_norm(x: Bounded, eps: float) -> Bounded:
+def layer_norm(x: Bounded, eps: float, p: Precision = FLOAT32) -> Bounded:
     """``(x - mean) / sqrt(mean((x - mean)^2) + eps)`` over the last axis of width ``d`` (ML-Agents'
     parameter-free LayerNorm; ``eps`` the float32 constant the runtimes add), computed in two passes.
 
@@ -223,23 +285,23 @@ def layer_norm(x: Bounded, eps: float) -> Bounded:
     y = c / s
     e = x.err
     me = np.minimum(e.mean(axis=-1, keepdims=True), LAMBDA * np.sqrt((e * e).sum(axis=-1, keepdims=True)) / d)
-    e_mu = accumulation(d) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + U32 * np.abs(mu)
+    e_mu = accumulation(d, p.acc) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + p.u * np.abs(mu)
     t = e + me + e_mu
-    t = t + U32 * (np.abs(c) + t)
+    t = t + p.u * (np.abs(c) + t)
     rms_t = np.sqrt((t * t).mean(axis=-1, keepdims=True))
     M = np.minimum((np.abs(c) * t).mean(axis=-1, keepdims=True),
                    LAMBDA * np.sqrt((c * c * t * t).sum(axis=-1, keepdims=True)) / d)
     cs = np.abs(c) + t  # an upper bound of |c + t|, for the divisor's own rounding
     var_t = (cs * cs).mean(axis=-1, keepdims=True)
-    r_v = (2 * U32 + accumulation(d)) * (1 + U32) * var_t / (var_t + eps) + U32
-    eta = r_v / (2 - r_v) + 2 * U32 * (1 + r_v)
+    r_v = (2 * p.u + accumulation(d, p.acc)) * (1 + p.u) * var_t / (var_t + eps) + p.u
+    eta = r_v / (2 - r_v) + 2 * p.u * (1 + r_v)
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = np.where(2 * s > rms_t, (2 * M + rms_t ** 2) / (2 * s - rms_t), np.inf)
         near = np.where(s > rho, (t + np.abs(y) * rho) / (s - rho), np.inf)
-    return Bounded(y, near + (np.abs(y) + near) * (U32 + eta) / (1 - eta))
+    return Bounded(y, near + (np.abs(y) + near) * (p.u + eta) / (1 - eta))
 
 
-def softmax(z: Bounded, axis: int = -1) -> Bounded:
+def softmax(z: Bounded, axis: int = -1, prec: Precision = FLOAT32) -> Bounded:
     """``exp(z - max) / sum(exp(z - max))`` along ``axis`` (ONNX Softmax, torch.softmax).
 
     Derivation. Inherited: with ``|dz_i| <= e_i`` and ``E = max_j e_j`` over the row,
@@ -256,19 +318,19 @@ def softmax(z: Bounded, axis: int = -1) -> Bounded:
     ex = np.exp(v - m)
     p = ex / ex.sum(axis=axis, keepdims=True)
     n = v.shape[axis]
-    tiny = 2.0 ** -126
+    tiny = prec.tiny
     E = z.err.max(axis=axis, keepdims=True)
     grow = np.expm1(z.err + E)
     dist = np.abs(v - m) + z.err + E
     with np.errstate(over="ignore"):
-        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(U32 * dist) * (1 + E_EXP) + E_EXP, 0.0)
-    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
-    own = (1 + alpha) * (1 + 2 * U32) / (1 - a_sum) - 1
+        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(prec.u * dist) * (1 + prec.e_exp) + prec.e_exp, 0.0)
+    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n, prec.acc) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
+    own = (1 + alpha) * (1 + 2 * prec.u) / (1 - a_sum) - 1
     err = p * grow + p * (1 + grow) * own
     return Bounded(p, np.where(alpha > 0, err, p * grow + tiny))
 
 
-def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
+def masked_mean(y: Bounded, keep: np.ndarray, eps: float, p: Precision = FLOAT32) -> Bounded:
     """``sum_n keep_n y_n / (sum_n keep_n + eps)`` over axis 1 of ``y`` [B, N, d] (ML-Agents'
     attention pooling; ``keep`` [B, N] exactly 0 or 1, ``eps`` its float32 constant).
 
@@ -280,14 +342,17 @@ def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
     k = keep[:, :, None].astype(np.float64)
     num = (y.v * k).sum(axis=1)
     n = y.v.shape[1]
-    e_num = (y.err * k).sum(axis=1) + accumulation(n) * ((np.abs(y.v) + y.err) * k).sum(axis=1)
+    e_num = (y.err * k).sum(axis=1) + accumulation(n, p.acc) * ((np.abs(y.v) + y.err) * k).sum(axis=1)
     den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
-    e_den = U32 * den
+    if p.stored:  # the numerator stored in the format before the division
+        e_num = e_num + p.u * (np.abs(num) + e_num) + p.sub
+    e_den = p.u * den
     q = num / den
-    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + U32 * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
+    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + p.u * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
 
 
-def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool = True) -> Bounded:
+def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool = True,
+           p: Precision = FLOAT32) -> Bounded:
     """A Conv2d (NCHW, square kernel ``k``, ``stride``, zero padding ``pad``, dilation 1, one group):
     each output element is an inner product of length ``C k k`` plus its bias over the input patch,
     in any order and any algorithm that sums those products (im2col + GEMM, direct): bounded as
@@ -304,7 +369,7 @@ def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool 
         win = np.lib.stride_tricks.sliding_window_view(a, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
         return np.array(win[:, :, :ho, :wo].transpose(0, 2, 3, 1, 4, 5), order="C").reshape(rows, ho * wo, ch * k * k)
 
-    out = affine(Bounded(patches(v), patches(e)), lin, bounds)
+    out = affine(Bounded(patches(v), patches(e)), lin, bounds, p=p)
     return Bounded(*(np.ascontiguousarray(a.reshape(rows, ho, wo, -1).transpose(0, 3, 1, 2)) for a in (out.v, out.err)))
 
 
@@ -318,11 +383,11 @@ def max_pool(x: Bounded, k: int, stride: int) -> Bounded:
     return Bounded(pool(x.v), pool(x.err))
 
 
-def leaky_relu(x: Bounded, slope: float) -> Bounded:
+def leaky_relu(x: Bounded, slope: float, p: Precision = FLOAT32) -> Bounded:
     """``x`` or ``slope x`` (slope < 1: 1-Lipschitz); the product rounds once (``u |v|``, and as much
     again for a kernel whose slope is 0.01 rounded otherwise than the ONNX attribute's float32)."""
     v = np.where(x.v >= 0, x.v, slope * x.v)
-    return Bounded(v, x.err + 2 * U32 * np.abs(np.minimum(v, 0)))
+    return Bounded(v, x.err + 2 * p.u * np.abs(np.minimum(v, 0)) + (2 * p.sub if p.sub else 0.0))
 
 
 def relu(x: Bounded) -> Bounded:
@@ -341,11 +406,12 @@ class Reference:
     values: Dict[str, np.ndarray]
     bounds: Dict[str, np.ndarray]
     logits: Dict[int, Bounded]
+    precision: Precision = FLOAT32  # the format the bounds are for
 
     def rows(self, n: int) -> "Reference":
         """The first ``n`` rows (rows are independent: the reference of a feed's first ``n`` rows)."""
         return Reference({k: v[:n] for k, v in self.values.items()}, {k: v[:n] for k, v in self.bounds.items()},
-                         {b: Bounded(lg.v[:n], lg.err[:n]) for b, lg in self.logits.items()})
+                         {b: Bounded(lg.v[:n], lg.err[:n]) for b, lg in self.logits.items()}, self.precision)
 
 
 class Float64Policy:
@@ -363,17 +429,20 @@ class Float64Policy:
         self._encode = [(b, w) for b, w in prepared if b.stage == blocks.ENCODE and b.has("reference_encode")]
         self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
-    def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":
+    def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True,
+                precision: Precision = FLOAT32) -> "Reference":
+        """The float64 forward; ``precision``: the format whose runtime the bounds are for (float32, or a
+        half format: ``PRECISIONS``)."""
         with np.errstate(over="ignore"):  # exp(-z) of a very negative z is inf: sigmoid 0, swish -0, as intended
-            return self._forward(feed, noise, bounds)
+            return self._forward(feed, noise, bounds, precision)
 
     def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """The deterministic outputs rounded once to float32 (fingerprints)."""
         vals = self.forward(feed, bounds=False).values
         return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in vals.items()}
 
-    def _forward(self, feed, noise, bounds: bool) -> "Reference":
-        r = blocks.ReferenceFlow(feed, bounds, noise)
+    def _forward(self, feed, noise, bounds: bool, precision: Precision) -> "Reference":
+        r = blocks.ReferenceFlow(feed, bounds, noise, precision=precision)
         for b, w in self._observe:
             b.reference_observe(r, w)
         parts = [r.encoded[i] for i in self._own_obs]  # observation order, then the appended encodings
@@ -385,7 +454,7 @@ class Float64Policy:
             b.reference_encode(r, w)
         for b, w in self._outputs:
             b.reference_output(r, w)
-        return Reference(r.values, r.errs, r.logits)
+        return Reference(r.values, r.errs, r.logits, precision)
 
 
 def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> "Reference":
@@ -395,10 +464,14 @@ def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.nd
 
 
 def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
-    """Compare one float32 runtime's output with the reference: figures + ``ok``.
+    """Compare one runtime's output with the reference (its bounds for the runtime's format,
+    ``ref.precision``): figures + ``ok``.
 
     Floats: every element within its bound (``ratio`` = max observed error / bound). Argmax outputs:
-    equal, or within a tie the bounds cannot resolve."""
+    equal, or a flip within its bound: the float64 margin between the two logits (the reference's
+    pick and the runtime's) at most their two bounds plus the softmax's tie (``precision.tie``
+    relative), a tie that format cannot resolve. ``flips`` lists the flipped rows with their margin
+    and bound (``first_failure`` too, for one over its bound)."""
     want = ref.values[name]
     got = np.asarray(got)
     d: Dict[str, object] = {"count": int(want.size)}
@@ -408,6 +481,8 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
     if want.dtype.kind in "iu":
         bad, ties = 0, 0
         first = None
+        flips = []
+        tie = ref.precision.tie
         for b, lg in ref.logits.items():
             g = got[:, b].astype(np.int64)
             w = want[:, b]
@@ -419,13 +494,18 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
                     first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r])}
                     continue
                 gap = lg.v[r, w[r]] - lg.v[r, g[r]]
-                slack = lg.err[r, w[r]] + lg.err[r, g[r]] + TIE * max(1.0, abs(lg.v[r, w[r]]))
+                slack = lg.err[r, w[r]] + lg.err[r, g[r]] + tie * max(1.0, abs(lg.v[r, w[r]]))
+                flip = {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r]), "margin": float(gap),
+                        "bound": float(slack)}
+                flips.append(flip)
                 if gap <= slack:
                     ties += 1
                 else:
                     bad += 1
-                    first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r]), "logit_gap": float(gap)}
+                    first = first or dict(flip, logit_gap=float(gap))
         d.update(ok=bad == 0, equal=int((got == want).sum()), ties=ties, mismatches=bad, first_failure=first)
+        if flips:
+            d["flips"] = flips
         return d
     bound = ref.bounds[name]
     g64 = got.astype(np.float64)
