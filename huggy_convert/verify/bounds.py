@@ -1,4 +1,5 @@
-"""A float64 forward of the canonical tensors with a per-element bound on any float32 runtime's error.
+"""A float64 forward of the canonical tensors with a per-element bound on any float32 runtime's error
+(and, by the same functions, on a float16 or bfloat16 runtime's: "Half formats" below).
 
 Every float32 runtime (onnxruntime, the torch module on any device, the ``.pt2``) computes the same
 function with its own kernels: other summation orders, FMA or not, approximate activations. None of
@@ -28,6 +29,52 @@ element, from the data and the policy, not tuned to a machine:
 ``Bounded.err`` is the sum of the two channels (random, systematic). An element fails only past its
 bound; the report gives observed error / bound. Integer outputs (argmax) must agree except where the
 two candidates' logits are within their bounds of each other (a tie float32 cannot resolve).
+
+Half formats. A float16 or bfloat16 runtime (the torch module built with ``dtype=``) is bounded by the
+same functions and the same float64 forward, given a :class:`Precision` (``Float64Policy.forward(...,
+precision=FLOAT16)``; each block hands ``ReferenceFlow.precision`` on as ``p``). ``FLOAT32`` is the
+model above, term for term: the half terms below are added only where ``p.stored``, so float32 bounds
+are bitwise what they were.
+
+- Unit roundoff ``u = 2^-11`` (float16: 11 significand bits) or ``2^-8`` (bfloat16: 8 bits), round to
+  nearest. ``u`` takes float32's place in every operation's own rounding (``add``, ``mul``,
+  ``scale``, ``tanh``, Swish, the LayerNorm, softmax and attention steps): each result is stored in
+  the format.
+- What is rounded before any operation: the inputs (the float32 normalizer's output, a raw vector
+  observation, an image, ``recurrent_in``: ``stored``, ``u |x|``) and the weights and biases
+  themselves: ``|dw| <= u |w|`` moves an inner product by at most ``u A`` (worst case, linear).
+- Inner products accumulate in float32 (``acc = 2^-24``): torch's CPU half and bfloat16 GEMM,
+  GEMV and convolution kernels (oneDNN, or torch's own with a float32 ``opmath`` accumulator), cuBLAS
+  with its default float32 compute type and Ascend's cube units all do; their term is float32's
+  ``LAMBDA 2^-24 sqrt(n) A``. The result is stored in the format once, and once more where the bias
+  is a separate Add (the LSTM's ``x W^T + b``): ``u (|z| + |z - b|)``. A kernel that accumulates
+  in the half format itself is outside the model (it would need ``LAMBDA u sqrt(n) A``: through
+  Huggy's three 512-wide layers that exceeds the actions' range in bfloat16, a bound that checks
+  nothing); so is cuBLAS reducing split-K partial sums in the half format (torch's
+  ``allow_fp16_reduced_precision_reduction``), not measured here.
+- Activation kernels: torch's half and bfloat16 elementwise kernels compute in float32 (their
+  ``opmath`` type, on the CPU and in CUDA) and round the result once to the format. So a kernel's
+  error is the float32 kernel's (``E_SIGMOID``, ``E_TANH``, ``E_EXP``), plus that rounding where the
+  function has no separate term for it: the sigmoid ``+ u`` (absolute: sigmoid < 1; Swish as Sigmoid
+  + Mul stores it before the product), the exp ``+ u`` (relative); tanh's is its ``rnd(v)`` term. The
+  argmax tie adds ``2 u`` relative to float32's ``TIE`` (two probabilities within ``2 u`` of each
+  other can round to one value). A native half kernel less accurate than that (an NPU's) is outside
+  the model and shows as a failure: measure it there before widening anything.
+- Subnormals: below the normal range (float16 2^-14, bfloat16 2^-126) a rounding's error is absolute,
+  at most half the subnormal spacing (``sub``: float16 2^-25, bfloat16 2^-134), added to each
+  rounding (``Precision.rnd``) and per weight of an inner product (``sub (sum |x| + 1)``); the
+  smallest normal is the softmax's ``tiny`` (float16 2^-14).
+- Range: float16's largest value is 65504. An overflow makes the runtime's value infinite, which
+  fails any finite bound, as it should: Huggy's running variance (~1e8) is why the module keeps the
+  normalizer float32 in every dtype (``exporters.torch_module``: the mean and divisor are pinned
+  float32 buffers, the input cast to the format after the clip), and its bound here is float32's.
+- The discrete heads' masking and softmax and the continuous head's clip and ``/ 3`` run in float32
+  after the cast; their bounds use the format's ``u`` all the same (an upper bound).
+
+An argmax that differs from the reference's is within bounds exactly when the float64 margin between
+the two logits is at most their two bounds plus ``TIE`` (the format's); the report prints each
+flipped row's margin and bound. The half bounds are computed only when a half runtime is checked (one
+forward per format and feed, the same vectorised functions).
 """
 from __future__ import annotations
 
@@ -51,36 +98,43 @@ TIE = 32 * U32  # relative closeness of two logits under which softmax + argmax 
 class Precision:
     """The format a runtime computes in, as the bounds see it (see "Half formats" above).
 
-    ``u``: the unit roundoff of every operation's result (and of the accumulation); ``stored``: the
-    weights, biases and inputs are rounded to the format first (False for float32: the policy's float32
-    tensors as they are); ``sub``: the absolute error of a rounding below the normal range (half the
-    spacing of the subnormals; 0 for float32, whose subnormals start at 1.2e-38 and never matter here);
-    ``max``: the largest finite value; ``tiny``: the smallest normal one. The kernels' errors are the same multiples of ``u`` as float32's
-    (``E_SIGMOID`` 8 u, ``E_TANH`` 16 u, ``E_EXP`` 4 u, ``TIE`` 32 u)."""
+    ``u``: the unit roundoff of every operation's stored result; ``acc``: that of the inner products'
+    accumulation (float32's in every format: the kernels accumulate in float32); ``stored``: the
+    weights, biases and inputs are rounded to the format first (False for float32: the policy's
+    float32 tensors as they are); ``sub``: the absolute error of a rounding below the normal range
+    (half the spacing of the subnormals; 0 for float32, whose subnormals start at 1.2e-38 and never
+    matter here, as before); ``tiny``: the smallest normal value. The kernels' errors: float32's
+    (``E_SIGMOID`` 8 u, ``E_TANH`` 16 u, ``E_EXP`` 4 u, ``TIE`` 32 u), and in a half format the float32
+    kernel's plus its result's rounding to the format (its properties)."""
 
     name: str
     u: float
     acc: float = U32
     stored: bool = False
     sub: float = 0.0
-    max: float = float(np.finfo(np.float32).max)
     tiny: float = 2.0 ** -126
 
     @property
     def e_sigmoid(self) -> float:
-        return 8 * self.u
+        """Absolute: the float32 kernel's, and in a half format the sigmoid's own rounding to it (``u``:
+        sigmoid < 1; Swish as Sigmoid + Mul stores it before the product)."""
+        return E_SIGMOID + self.u if self.stored else 8 * self.u
 
     @property
     def e_tanh(self) -> float:
-        return 16 * self.u
+        """Absolute: the float32 kernel's (the result's rounding is ``tanh``'s ``rnd(v)`` term)."""
+        return E_TANH if self.stored else 16 * self.u
 
     @property
     def e_exp(self) -> float:
-        return 4 * self.u
+        """Relative: the float32 kernel's, and in a half format the result's rounding to it (``u``)."""
+        return E_EXP + self.u if self.stored else 4 * self.u
 
     @property
     def tie(self) -> float:
-        return 32 * self.u
+        """Relative: float32's softmax tie, and in a half format two probabilities within ``2 u`` of
+        each other that round to one value."""
+        return TIE + 2 * self.u if self.stored else 32 * self.u
 
     def rnd(self, v):
         """One rounding of ``v`` to the format: ``u |v|`` (``+ sub`` below the normal range)."""
@@ -90,8 +144,8 @@ class Precision:
 U16 = 2.0 ** -11  # unit roundoff of IEEE binary16 (10 stored significand bits, round to nearest)
 UBF16 = 2.0 ** -8  # unit roundoff of bfloat16 (7 stored significand bits, round to nearest)
 FLOAT32 = Precision("float32", U32)
-FLOAT16 = Precision("float16", U16, stored=True, sub=2.0 ** -25, max=65504.0, tiny=2.0 ** -14)
-BFLOAT16 = Precision("bfloat16", UBF16, stored=True, sub=2.0 ** -134, max=float(2 ** 127 * (2 - 2 ** -7)))
+FLOAT16 = Precision("float16", U16, stored=True, sub=2.0 ** -25, tiny=2.0 ** -14)
+BFLOAT16 = Precision("bfloat16", UBF16, stored=True, sub=2.0 ** -134)
 PRECISIONS = {p.name: p for p in (FLOAT32, FLOAT16, BFLOAT16)}
 
 
@@ -170,7 +224,8 @@ def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = Fals
     err = inherited + LAMBDA * p.acc * np.sqrt(lin.n) * A
     if p.stored:
         err = err + p.u * A + p.sub * ((np.abs(x.v) + x.err).sum(axis=-1, keepdims=True) + 1)
-        err = err + p.u * (np.abs(z) + err) + p.sub  # the result stored in the format
+        # the result stored in the format, and the product before its bias where the bias is a separate Add
+        err = err + p.u * (np.abs(z) + np.abs(z - lin.b) + 2 * err) + 2 * p.sub
     return Bounded(z, err)
 
 
