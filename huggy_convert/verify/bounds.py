@@ -564,6 +564,8 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
             d["flips"] = flips
         return d
     bound = ref.bounds[name]
+    if np.isnan(bound).any():  # a bound no arithmetic gave (it would pass anything silently): unbounded
+        bound = np.where(np.isnan(bound), np.inf, bound)
     g64 = got.astype(np.float64)
     err = np.abs(g64 - want)
     err = np.where(np.isfinite(g64), err, np.inf)
@@ -574,6 +576,8 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
              max_bound=float(bound.max()) if bound.size else 0.0,
              median_bound=float(np.median(bound)) if bound.size else 0.0,
              ratio=float(ratio.max()) if ratio.size else 0.0, over=int(over.sum()))
+    if np.isinf(bound).any():
+        d["unbounded"] = int(np.isinf(bound).sum())
     if over.any():
         k = tuple(int(i) for i in np.argwhere(over)[0])
         d["first_failure"] = {"index": list(k), "reference": float(want[k]), "got": float(g64[k]),

@@ -401,6 +401,7 @@ def _bound_text(j: Dict, dtype: str = "float32") -> str:
                    else (f"; {j['mismatches']} element(s) OVER the bound, first {j['first_failure']}"
                          if j["mismatches"] else "")))
     return (f"max_abs={j['max_abs']:.3g}, error/bound {j['ratio']:.3g} (median bound {j['median_bound']:.2g})"
+            + (f"; {j['unbounded']} element(s) without a finite {dtype} bound" if j.get("unbounded") else "")
             + ("" if j["ok"] else f"; {j['over']} element(s) OVER the bound, first {j['first_failure']}"))
 
 
