@@ -169,3 +169,33 @@ def test_user_tolerance_still_takes_precedence_in_half_precision():
     c = check_runtime("m", module_runner(mod), ref, feed, "float16", {C.OUT_CONT_DET: 1e-12}, {}, {})
     ch = next(ch for ch in c.children if ch.title == C.OUT_CONT_DET)
     assert ch.status == FAIL and "over tolerance (atol 1e-12" in ch.summary
+
+
+def test_a_batch_and_verify_out_give_the_single_conversions_half_verdicts(tmp_path):
+    """The LSTM run: the single conversion, the batch (its newest checkpoint: the full profile) and
+    ``verify OUT/`` judge the float16 and bfloat16 modules alike, by the derived bound (recurrent_out
+    included), and pass."""
+    import json
+
+    from click.testing import CliRunner
+
+    from huggy_convert.cli import main
+    from huggy_convert.pipeline import ConvertOptions, convert_one
+
+    ck = variant_ckpt("lstm")
+    single = convert_one(ck, tmp_path / "one", ConvertOptions(program=False))
+    assert single.report.ok
+
+    def half_rows(checks):
+        c4 = next(c for c in checks if c["id"] == "runtimes")
+        return {c["title"]: (c["status"], "error/bound" in c["summary"]) for c in c4["checks"]
+                if c["title"].endswith(HALF)}
+
+    want = half_rows(single.report.to_dict()["checks"])
+    assert want == {"torch module cpu float16": ("pass", True), "torch module cpu bfloat16": ("pass", True)}
+    r = CliRunner().invoke(main, [str(ck.parent.parent), str(tmp_path / "batch"), "--no-program"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "batch" / f"{ck.stem}.verify.json").read_text())
+    assert half_rows(doc["checks"]) == want
+    r = CliRunner().invoke(main, ["verify", str(tmp_path / "batch")])
+    assert r.exit_code == 0 and "PASS" in r.output, r.output
