@@ -426,7 +426,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         c.status, c.summary = FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return c
     overrides_rtol = overrides_rtol or {}
-    ratios, worst = [], []
+    ratios, worst, ties = [], [], 0
     items = [(name, got[name], ref) for name in ref.values if name in got and name != C.OUT_CONT]
     if noised is not None:
         run_noise, ref_noise = noised
@@ -441,6 +441,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         if r.precision.name == dtype and not user:
             j = judge(r, name, arr)
             c.add(Check(label, PASS if j["ok"] else FAIL, _bound_text(j, dtype), figures=j))
+            ties += j.get("ties", 0)
             if "ratio" in j:
                 ratios.append(j["ratio"])
                 worst.append(j["max_abs"])
@@ -470,6 +471,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         c.summary = "FAILED" + (f": {why}" if why else "")
     else:
         c.summary = (f"max_abs {max(worst) if worst else 0:.3g}" + (f", error/bound {max(ratios):.3g}" if ratios else "")
+                     + (f", {ties} argmax flip(s) within their float64 margin" if ties else "")
                      + (" (not for production)" if c.status == WARN else ""))
     c.figures = {"dtype": dtype, "max_bound_ratio": max(ratios) if ratios else None}
     return c
