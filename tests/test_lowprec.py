@@ -43,7 +43,7 @@ def with_tensor(pol, name, fn):
 
 EXACT = [variant_ckpt(v) for v in ("discrete", "lstm", "hybrid")] + [
     "attention", "goal_hyper", "goal_none", "visual_simple", "visual_nature_cnn", "visual_resnet", "visual_match3",
-    "visual_fully_connected", "visual_vector"]
+    "visual_fully_connected", "visual_vector", "attention_mlagents030", "visual_simple_mlagents030"]
 
 
 @pytest.mark.parametrize("case", EXACT, ids=lambda c: c if isinstance(c, str) else c.parent.parent.name)
