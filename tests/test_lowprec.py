@@ -72,7 +72,8 @@ def test_half_bounds_are_wider_than_float32_and_float32_is_unchanged():
     noise = make_noise(pol, 16, 0)
     base, f32 = fp.forward(feed, noise), fp.forward(feed, noise, precision=FLOAT32)
     for k in base.bounds:
-        assert base.bounds[k].tobytes() == f32.bounds[k].tobytes() and base.values[k].tobytes() == f32.values[k].tobytes()
+        assert base.bounds[k].tobytes() == f32.bounds[k].tobytes()
+        assert base.values[k].tobytes() == f32.values[k].tobytes()
     f16, bf16 = (fp.forward(feed, noise, precision=PRECISIONS[d]) for d in HALF)
     for k in base.bounds:
         assert np.array_equal(f16.values[k], base.values[k])

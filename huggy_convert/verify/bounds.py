@@ -398,7 +398,8 @@ def masked_mean(y: Bounded, keep: np.ndarray, eps: float, p: Precision = FLOAT32
     num = (y.v * k).sum(axis=1)
     n = y.v.shape[1]
     kept = keep[:, :, None]  # (an infinite bound of a padded entity stays out: inf * 0 would be NaN)
-    e_num = np.where(kept, y.err, 0.0).sum(axis=1) + accumulation(n, p.acc) * np.where(kept, np.abs(y.v) + y.err, 0.0).sum(axis=1)
+    e_num = (np.where(kept, y.err, 0.0).sum(axis=1)
+             + accumulation(n, p.acc) * np.where(kept, np.abs(y.v) + y.err, 0.0).sum(axis=1))
     den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
     if p.stored:  # the numerator stored in the format before the division
         e_num = e_num + p.u * (np.abs(num) + e_num) + p.sub
