@@ -360,13 +360,13 @@ class Attention(Block):
         are infinite (the probes keep clear of it)."""
         from ..numerics import U32
         from ..verify.bounds import (Bounded, affine, f64, layer_norm, masked_mean, matmul, minus_plus_one, softmax,
-                                     swish)
+                                     stored, swish)
 
         ents, self_lin, ent_lins, (fq, fk, fv, fo), legacy = w
         d, heads = C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         hs = d // heads
-        b = r.bounds
-        s = swish(affine(r.h, self_lin, b)) if self_lin is not None else None
+        b, p = r.bounds, r.precision
+        s = swish(affine(r.h, self_lin, b, p=p), p) if self_lin is not None else None
         masks, embedded, unsure = [], [], []
         for (i, (m, size)), lin in zip(ents, ent_lins):
             x = f64(r.feed[C.OBS_INPUT.format(i=i)])
@@ -375,32 +375,32 @@ class Attention(Block):
             sq = (x * x).sum(axis=2)
             masks.append(sq < _f32(C.ENTITY_MASK_BELOW))
             unsure.append(np.abs(sq - _f32(C.ENTITY_MASK_BELOW)) <= 2 * (size + 1) * U32 * sq + 1e-30)
-            xb = Bounded.exact(x)
+            xb = stored(Bounded.exact(x), p) if b else Bounded.exact(x)  # cast to the weights' format
             if s is not None:
                 rows = x.shape[0]
                 xb = Bounded(np.concatenate([np.broadcast_to(s.v[:, None, :], (rows, m, d)), x], axis=2),
                              np.concatenate([np.broadcast_to(s.err[:, None, :], (rows, m, d)), xb.err], axis=2))
-            embedded.append(swish(affine(xb, lin, b)))
+            embedded.append(swish(affine(xb, lin, b, p=p), p))
         qkv = Bounded(np.concatenate([e.v for e in embedded], axis=1), np.concatenate([e.err for e in embedded], axis=1))
         mask = np.concatenate(masks, axis=1)
         rows, total = mask.shape
-        y = layer_norm(qkv, _f32(C.LAYER_NORM_EPS))
+        y = layer_norm(qkv, _f32(C.LAYER_NORM_EPS), p)
 
         def split(t: Bounded) -> Bounded:  # (rows, N, d) -> (rows, heads, N, hs)
             return Bounded(*(a.reshape(rows, total, heads, hs).transpose(0, 2, 1, 3) for a in (t.v, t.err)))
 
-        q, k, v = (split(affine(y, lin, b)) for lin in (fq, fk, fv))
-        k = minus_plus_one(k)
-        qk = matmul(q, Bounded(k.v.swapaxes(2, 3), k.err.swapaxes(2, 3)))
+        q, k, v = (split(affine(y, lin, b, p=p)) for lin in (fq, fk, fv))
+        k = minus_plus_one(k, p)
+        qk = matmul(q, Bounded(k.v.swapaxes(2, 3), k.err.swapaxes(2, 3)), p)
         scale = _f32(d ** 0.5)
         mr = mask[:, None, None, :]
         z = qk.v / scale
-        logits = Bounded(np.where(mr, C.ATTENTION_NEG_INF, z), np.where(mr, 0.0, qk.err / scale + U32 * np.abs(z)))
-        o = matmul(softmax(logits, axis=3), v)
+        logits = Bounded(np.where(mr, C.ATTENTION_NEG_INF, z), np.where(mr, 0.0, qk.err / scale + p.u * np.abs(z)))
+        o = matmul(softmax(logits, axis=3, prec=p), v, p)
         o = Bounded(*(a.transpose(0, 2, 1, 3).reshape(rows, total, d) for a in (o.v, o.err)))
-        o = affine(o, fo, b)
-        res = Bounded(o.v + y.v, o.err + y.err + U32 * np.abs(o.v + y.v))
-        out = masked_mean(layer_norm(res, _f32(C.LAYER_NORM_EPS)), ~mask, _f32(C.POOL_EPSILON))
+        o = affine(o, fo, b, p=p)
+        res = Bounded(o.v + y.v, o.err + y.err + p.rnd(o.v + y.v))
+        out = masked_mean(layer_norm(res, _f32(C.LAYER_NORM_EPS), p), ~mask, _f32(C.POOL_EPSILON), p)
         if not b:
             return Bounded(out.v, np.zeros_like(out.v))
         bad = np.concatenate(unsure, axis=1).any(axis=1)

@@ -406,7 +406,8 @@ class TorchFlow:
 class ReferenceFlow:
     """One float64 forward (``verify.bounds``): the feed, whether bounds are carried, the injected
     noise (or None), each observation's encoding, the features ``h``, and the outputs' values,
-    bounds and (discrete heads) masked logits, in output order."""
+    bounds and (discrete heads) masked logits, in output order; ``precision``: the format of the
+    runtime the bounds are for (every bound hook passes it to ``verify.bounds``' functions as ``p``)."""
 
     feed: Dict[str, np.ndarray]
     bounds: bool
@@ -417,3 +418,4 @@ class ReferenceFlow:
     errs: Dict[str, np.ndarray] = field(default_factory=dict)
     logits: Dict[int, Any] = field(default_factory=dict)
     state: Dict[str, Any] = field(default_factory=dict)
+    precision: Any = None  # the bounds' format (verify.bounds.Precision: float32, float16, bfloat16)

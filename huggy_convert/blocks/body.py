@@ -115,8 +115,9 @@ class Body(Block):
     def reference_encode(self, r: ReferenceFlow, w) -> None:
         from ..verify.bounds import affine, swish
 
+        p = r.precision
         for lin in w:
-            r.h = swish(affine(r.h, lin, r.bounds))
+            r.h = swish(affine(r.h, lin, r.bounds, p=p), p)
 
 
 def record_body(r: KeyRules, shapes, hidden: int, num_layers: int) -> None:

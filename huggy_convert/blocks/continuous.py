@@ -164,20 +164,21 @@ class Continuous(Block):
         return Linear(T[C.C_MU_W], T[C.C_MU_B]), sigma, policy.spec
 
     def reference_output(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import Bounded, add, affine, clip, exp, f64, mul, scale, tanh
+        from ..verify.bounds import Bounded, add, affine, clip, exp, f64, mul, scale, stored, tanh
 
         mu_lin, sigma, spec = w
-        mu = affine(r.h, mu_lin, r.bounds)
-        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+        p = r.precision
+        mu = affine(r.h, mu_lin, r.bounds, p=p)
+        det = mu if spec.tanh_squash else scale(clip(mu, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP, p)
         r.values[C.OUT_CONT_DET], r.errs[C.OUT_CONT_DET] = det.v, det.err
         if r.noise is None:
             return
         if spec.conditional_sigma:
-            ls = clip(affine(r.h, sigma, r.bounds), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
+            ls = clip(affine(r.h, sigma, r.bounds, p=p), C.SAC_LOG_SIGMA_MIN, C.SAC_LOG_SIGMA_MAX)
         else:
-            ls = Bounded.exact(np.broadcast_to(sigma, mu.v.shape))
-        s = add(mu, mul(exp(ls), Bounded.exact(f64(r.noise))))
-        out = tanh(s) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP)
+            ls = stored(Bounded.exact(np.broadcast_to(sigma, mu.v.shape)), p)  # a parameter: in the weights' format
+        s = add(mu, mul(exp(ls, p), Bounded.exact(f64(r.noise)), p), p)
+        out = tanh(s, p) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP, p)
         r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err
 
 

@@ -126,7 +126,7 @@ class Discrete(Block):
         masks = f64(r.feed[C.ACTION_MASKS])
         start, picks = 0, []
         for b, (lin, n) in enumerate(w):
-            lg = affine(r.h, lin, r.bounds)
+            lg = affine(r.h, lin, r.bounds, p=r.precision)
             m = masks[:, start:start + n]
             start += n
             # masked: logits * mask - 1e8 * (1 - mask): a kept logit is exact, a masked one is -1e8

@@ -219,23 +219,25 @@ class Goal(Block):
         LayerNorm takes its errors as correlated: they share the LayerNorm's divisor), the reshape
         exact, ``bounds.matmul`` for the row times its generated weight (both inexact), the bias add
         (``u |z|``), Swish."""
-        from ..numerics import U32
-        from ..verify.bounds import Bounded, affine, concat, layer_norm, matmul, swish
+        from ..verify.bounds import Bounded, affine, concat, layer_norm, matmul, stored, swish
 
         regular, net, bias, view, goal_obs = w
+        p = r.precision
         for lin in regular:
-            r.h = swish(affine(r.h, lin, r.bounds))
+            r.h = swish(affine(r.h, lin, r.bounds, p=p), p)
         parts = [r.encoded[i] for i in goal_obs]
         x = parts[0] if len(parts) == 1 else concat(parts)
-        x = swish(affine(x, net[0], r.bounds))
-        x = swish(affine(x, net[1], r.bounds))
-        x = layer_norm(x, float(np.float32(C.LAYER_NORM_EPS)))  # errors are zero without bounds: they stay 0
-        gw = affine(x, net[2], r.bounds, correlated=True)
+        x = swish(affine(x, net[0], r.bounds, p=p), p)
+        x = swish(affine(x, net[1], r.bounds, p=p), p)
+        x = layer_norm(x, float(np.float32(C.LAYER_NORM_EPS)), p)  # errors are zero without bounds: they stay 0
+        gw = affine(x, net[2], r.bounds, correlated=True, p=p)
         gw = Bounded(gw.v.reshape(view), gw.err.reshape(view))
-        z = matmul(Bounded(r.h.v[:, None, :], r.h.err[:, None, :]), gw)
+        z = matmul(Bounded(r.h.v[:, None, :], r.h.err[:, None, :]), gw, p)
+        if r.bounds:  # the generated bias: a parameter, in the weights' format
+            z = Bounded(z.v, z.err + (p.rnd(bias) if p.stored else 0.0))
         v = z.v[:, 0, :] + bias
-        err = z.err[:, 0, :] + U32 * np.abs(v) if r.bounds else np.zeros_like(v)
-        r.h = swish(Bounded(v, err))
+        err = z.err[:, 0, :] + p.rnd(v) if r.bounds else np.zeros_like(v)
+        r.h = swish(Bounded(v, err), p)
 
     # --- probes ----------------------------------------------------------------------------------
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:

@@ -128,15 +128,18 @@ class Memory(Block):
                 Linear(T[C.c_lstm(C.LSTM_W_HH)], T[C.c_lstm(C.LSTM_B_HH)]), policy.spec.memory_size // 2)
 
     def reference_encode(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import Bounded, add, affine, concat, f64, mul, sigmoid, tanh
+        from ..verify.bounds import Bounded, add, affine, concat, f64, mul, sigmoid, stored, tanh
 
         ih, hh, hs = w
+        p = r.precision
         m = f64(r.feed[C.RECURRENT_IN])[:, 0, :]
         h0, c0 = Bounded.exact(m[:, :hs]), Bounded.exact(m[:, hs:])
-        g = add(affine(r.h, ih, r.bounds), affine(h0, hh, r.bounds))
+        if r.bounds:  # a half runtime reads the state in its format (torch_encode: .to(compute_dtype))
+            h0, c0 = stored(h0, p), stored(c0, p)
+        g = add(affine(r.h, ih, r.bounds, p=p), affine(h0, hh, r.bounds, p=p), p)
         i_g, f_g, g_g, o_g = (g.cols(k * hs, (k + 1) * hs) for k in range(4))  # torch's order: i, f, g, o
-        c1 = add(mul(sigmoid(f_g), c0), mul(sigmoid(i_g), tanh(g_g)))
-        h1 = mul(sigmoid(o_g), tanh(c1))
+        c1 = add(mul(sigmoid(f_g, p), c0, p), mul(sigmoid(i_g, p), tanh(g_g, p), p), p)
+        h1 = mul(sigmoid(o_g, p), tanh(c1, p), p)
         r.h = h1
         r.state[C.RECURRENT_OUT] = concat([h1, c1])
 

@@ -166,9 +166,12 @@ class Normalizer(Block):
                                                  for i, _ in spec.vector_obs}
 
     def reference_observe(self, r: ReferenceFlow, w) -> None:
-        """The subtraction and division add ``2 u |q|``; inputs are float32 and exact."""
+        """The subtraction and division add ``2 u |q|``; inputs are float32 and exact. The normalizer runs
+        in float32 in every dtype (``torch_observe``: the pinned float32 buffers), so ``u`` is float32's
+        whatever the runtime's format; a half runtime then casts its output (or the raw observation,
+        without a normalizer) to its format: one rounding of that format (``bounds.stored``)."""
         from ..numerics import U32
-        from ..verify.bounds import Bounded, clip, f64
+        from ..verify.bounds import Bounded, clip, f64, stored
 
         indices, norm = w
         for i in indices:
@@ -180,7 +183,7 @@ class Normalizer(Block):
                          -C.NORM_CLIP, C.NORM_CLIP)
             else:
                 b = Bounded.exact(x)
-            r.encoded[i] = b
+            r.encoded[i] = stored(b, r.precision) if r.bounds else b
 
     def state_template(self, spec):
         out = {}

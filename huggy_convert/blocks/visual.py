@@ -383,30 +383,32 @@ class Visual(Block):
     def reference_observe(self, r: ReferenceFlow, w) -> None:
         """The images are float32 and exact; each op's bound is ``verify.bounds``' (``conv2d``,
         ``max_pool``, ``leaky_relu``, ``relu``, ``swish``, ``add``, ``affine``)."""
-        from ..verify.bounds import Bounded, add, affine, conv2d, leaky_relu, max_pool, relu, swish
+        from ..verify.bounds import Bounded, add, affine, conv2d, leaky_relu, max_pool, relu, stored, swish
 
-        b = r.bounds
+        b, pr = r.bounds, r.precision
         for i, p, lins, dense in w:
             h = Bounded.exact(r.feed[C.OBS_INPUT.format(i=i)])
+            if b:  # a half runtime casts the image to its format
+                h = stored(h, pr)
             saved = []
             for op, _, n in p.ops:
                 if op == "conv":
                     cv = p.convs[n]
-                    h = conv2d(h, lins[n], cv.k, cv.stride, cv.pad, b)
+                    h = conv2d(h, lins[n], cv.k, cv.stride, cv.pad, b, pr)
                 elif op == "leaky":
-                    h = leaky_relu(h, _leaky_slope())
+                    h = leaky_relu(h, _leaky_slope(), pr)
                 elif op == "pool":
                     h = max_pool(h, *C.VIS_POOL)
                 elif op == "swish":
-                    h = swish(h)
+                    h = swish(h, pr)
                 elif op == "save":
                     saved.append(h)
                 elif op == "add":
-                    h = add(saved.pop(), h)
+                    h = add(saved.pop(), h, pr)
                 elif op == "flatten":
                     h = Bounded(h.v.reshape(h.v.shape[0], -1), h.err.reshape(h.err.shape[0], -1))
                 elif op == "dense":
-                    h = affine(h, dense, b)
+                    h = affine(h, dense, b, p=pr)
                 elif op == "relu":
                     h = relu(h)
             r.encoded[i] = h if b else Bounded(h.v, np.zeros_like(h.v))

@@ -68,6 +68,25 @@ def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
     return reference_forward(policy, feed, noise)
 
 
+def half_reference(policy, feed: Dict[str, np.ndarray], dtype: str):
+    """The float64 reference of ``policy`` on ``feed`` with the bounds of a ``dtype`` (float16,
+    bfloat16) runtime (verify.bounds.Precision), for :func:`half_agree`."""
+    from ..verify.bounds import PRECISIONS, Float64Policy
+
+    return Float64Policy(policy).forward(feed, precision=PRECISIONS[dtype])
+
+
+def half_agree(ref, name: str, ref32: np.ndarray, got: np.ndarray) -> Comparison:
+    """verify's rule for a float16 / bfloat16 run ``got``: every element within the derived bound of
+    ``ref`` (:func:`half_reference`; an argmax flip within its float64 logit margin passes). The
+    figures are ``got`` against ``ref32`` (the CPU float32 run); ``bound_ratio`` = max error / bound."""
+    from ..verify.bounds import judge
+
+    j = judge(ref, name, got)
+    s = array_stats(ref32, got)
+    return Comparison.of(s, j["ok"], f"derived {ref.precision.name} bound", bound_ratio=j.get("ratio"))
+
+
 def fp32_agree(ref, name: str, a: np.ndarray, b: np.ndarray) -> Comparison:
     """Whether two float32 runs of one policy on one feed agree as well as float32 can promise on
     every host: each float element within the derived bound of the float64 reference ``ref``

@@ -1,4 +1,5 @@
-"""A float64 forward of the canonical tensors with a per-element bound on any float32 runtime's error.
+"""A float64 forward of the canonical tensors with a per-element bound on any float32 runtime's error
+(and, by the same functions, on a float16 or bfloat16 runtime's: "Half formats" below).
 
 Every float32 runtime (onnxruntime, the torch module on any device, the ``.pt2``) computes the same
 function with its own kernels: other summation orders, FMA or not, approximate activations. None of
@@ -28,6 +29,52 @@ element, from the data and the policy, not tuned to a machine:
 ``Bounded.err`` is the sum of the two channels (random, systematic). An element fails only past its
 bound; the report gives observed error / bound. Integer outputs (argmax) must agree except where the
 two candidates' logits are within their bounds of each other (a tie float32 cannot resolve).
+
+Half formats. A float16 or bfloat16 runtime (the torch module built with ``dtype=``) is bounded by the
+same functions and the same float64 forward, given a :class:`Precision` (``Float64Policy.forward(...,
+precision=FLOAT16)``; each block hands ``ReferenceFlow.precision`` on as ``p``). ``FLOAT32`` is the
+model above, term for term: the half terms below are added only where ``p.stored``, so float32 bounds
+are bitwise what they were.
+
+- Unit roundoff ``u = 2^-11`` (float16: 11 significand bits) or ``2^-8`` (bfloat16: 8 bits), round to
+  nearest. ``u`` takes float32's place in every operation's own rounding (``add``, ``mul``,
+  ``scale``, ``tanh``, Swish, the LayerNorm, softmax and attention steps): each result is stored in
+  the format.
+- What is rounded before any operation: the inputs (the float32 normalizer's output, a raw vector
+  observation, an image, ``recurrent_in``: ``stored``, ``u |x|``) and the weights and biases
+  themselves: ``|dw| <= u |w|`` moves an inner product by at most ``u A`` (worst case, linear).
+- Inner products accumulate in float32 (``acc = 2^-24``): torch's CPU half and bfloat16 GEMM,
+  GEMV and convolution kernels (oneDNN, or torch's own with a float32 ``opmath`` accumulator), cuBLAS
+  with its default float32 compute type and Ascend's cube units all do; their term is float32's
+  ``LAMBDA 2^-24 sqrt(n) A``. The result is stored in the format once, and once more where the bias
+  is a separate Add (the LSTM's ``x W^T + b``): ``u (|z| + |z - b|)``. A kernel that accumulates
+  in the half format itself is outside the model (it would need ``LAMBDA u sqrt(n) A``: through
+  Huggy's three 512-wide layers that exceeds the actions' range in bfloat16, a bound that checks
+  nothing); so is cuBLAS reducing split-K partial sums in the half format (torch's
+  ``allow_fp16_reduced_precision_reduction``), not measured here.
+- Activation kernels: torch's half and bfloat16 elementwise kernels compute in float32 (their
+  ``opmath`` type, on the CPU and in CUDA) and round the result once to the format. So a kernel's
+  error is the float32 kernel's (``E_SIGMOID``, ``E_TANH``, ``E_EXP``), plus that rounding where the
+  function has no separate term for it: the sigmoid ``+ u`` (absolute: sigmoid < 1; Swish as Sigmoid
+  + Mul stores it before the product), the exp ``+ u`` (relative); tanh's is its ``rnd(v)`` term. The
+  argmax tie adds ``2 u`` relative to float32's ``TIE`` (two probabilities within ``2 u`` of each
+  other can round to one value). A native half kernel less accurate than that (an NPU's) is outside
+  the model and shows as a failure: measure it there before widening anything.
+- Subnormals: below the normal range (float16 2^-14, bfloat16 2^-126) a rounding's error is absolute,
+  at most half the subnormal spacing (``sub``: float16 2^-25, bfloat16 2^-134), added to each
+  rounding (``Precision.rnd``) and per weight of an inner product (``sub (sum |x| + 1)``); the
+  smallest normal is the softmax's ``tiny`` (float16 2^-14).
+- Range: float16's largest value is 65504. An overflow makes the runtime's value infinite, which
+  fails any finite bound, as it should: Huggy's running variance (~1e8) is why the module keeps the
+  normalizer float32 in every dtype (``exporters.torch_module``: the mean and divisor are pinned
+  float32 buffers, the input cast to the format after the clip), and its bound here is float32's.
+- The discrete heads' masking and softmax and the continuous head's clip and ``/ 3`` run in float32
+  after the cast; their bounds use the format's ``u`` all the same (an upper bound).
+
+An argmax that differs from the reference's is within bounds exactly when the float64 margin between
+the two logits is at most their two bounds plus ``TIE`` (the format's); the report prints each
+flipped row's margin and bound. The half bounds are computed only when a half runtime is checked (one
+forward per format and feed, the same vectorised functions).
 """
 from __future__ import annotations
 
@@ -45,6 +92,61 @@ E_TANH = 16 * U32  # absolute error of a float32 tanh kernel
 E_EXP = 4 * U32  # relative error of a float32 exp kernel
 L_SWISH = 1.0998  # max |d/dz z sigmoid(z)|
 TIE = 32 * U32  # relative closeness of two logits under which softmax + argmax may pick either
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The format a runtime computes in, as the bounds see it (see "Half formats" above).
+
+    ``u``: the unit roundoff of every operation's stored result; ``acc``: that of the inner products'
+    accumulation (float32's in every format: the kernels accumulate in float32); ``stored``: the
+    weights, biases and inputs are rounded to the format first (False for float32: the policy's
+    float32 tensors as they are); ``sub``: the absolute error of a rounding below the normal range
+    (half the spacing of the subnormals; 0 for float32, whose subnormals start at 1.2e-38 and never
+    matter here, as before); ``tiny``: the smallest normal value. The kernels' errors: float32's
+    (``E_SIGMOID`` 8 u, ``E_TANH`` 16 u, ``E_EXP`` 4 u, ``TIE`` 32 u), and in a half format the float32
+    kernel's plus its result's rounding to the format (its properties)."""
+
+    name: str
+    u: float
+    acc: float = U32
+    stored: bool = False
+    sub: float = 0.0
+    tiny: float = 2.0 ** -126
+
+    @property
+    def e_sigmoid(self) -> float:
+        """Absolute: the float32 kernel's, and in a half format the sigmoid's own rounding to it (``u``:
+        sigmoid < 1; Swish as Sigmoid + Mul stores it before the product)."""
+        return E_SIGMOID + self.u if self.stored else 8 * self.u
+
+    @property
+    def e_tanh(self) -> float:
+        """Absolute: the float32 kernel's (the result's rounding is ``tanh``'s ``rnd(v)`` term)."""
+        return E_TANH if self.stored else 16 * self.u
+
+    @property
+    def e_exp(self) -> float:
+        """Relative: the float32 kernel's, and in a half format the result's rounding to it (``u``)."""
+        return E_EXP + self.u if self.stored else 4 * self.u
+
+    @property
+    def tie(self) -> float:
+        """Relative: float32's softmax tie, and in a half format two probabilities within ``2 u`` of
+        each other that round to one value."""
+        return TIE + 2 * self.u if self.stored else 32 * self.u
+
+    def rnd(self, v):
+        """One rounding of ``v`` to the format: ``u |v|`` (``+ sub`` below the normal range)."""
+        return self.u * np.abs(v) + self.sub if self.sub else self.u * np.abs(v)
+
+
+U16 = 2.0 ** -11  # unit roundoff of IEEE binary16 (10 stored significand bits, round to nearest)
+UBF16 = 2.0 ** -8  # unit roundoff of bfloat16 (7 stored significand bits, round to nearest)
+FLOAT32 = Precision("float32", U32)
+FLOAT16 = Precision("float16", U16, stored=True, sub=2.0 ** -25, tiny=2.0 ** -14)
+BFLOAT16 = Precision("bfloat16", UBF16, stored=True, sub=2.0 ** -134)
+PRECISIONS = {p.name: p for p in (FLOAT32, FLOAT16, BFLOAT16)}
 
 
 @dataclass
@@ -105,11 +207,12 @@ class Linear:
         return self._W2T
 
 
-def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False) -> Bounded:
+def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = False, p: Precision = FLOAT32) -> Bounded:
     """``x W^T + b`` (Gemm / addmm / addmv; on the last axis of any rank, MatMul + Add): inherited
     errors root-sum-square, plus its own roundings. ``correlated``: the inputs' errors share a common
     cause (a LayerNorm's divisor, a softmax's normalisation), so they add up linearly (``|W| e``), the
-    worst case, instead."""
+    worst case, instead. In a half format (``p.stored``) the weights and bias are rounded to it first:
+    ``|dW| <= u |W|`` (``sub`` below its normal range), which adds at most ``u A + sub (sum |x| + 1)``."""
     z = _mm(x.v, lin.WT) + lin.b
     if not bounds:
         return Bounded(z, np.zeros_like(z))
@@ -118,16 +221,21 @@ def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = Fals
         inherited = _mm(x.err, lin.aWT).astype(np.float64) * SLACK
     else:
         inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
-    return Bounded(z, inherited + LAMBDA * U32 * np.sqrt(lin.n) * A)
+    err = inherited + LAMBDA * p.acc * np.sqrt(lin.n) * A
+    if p.stored:
+        err = err + p.u * A + p.sub * ((np.abs(x.v) + x.err).sum(axis=-1, keepdims=True) + 1)
+        # the result stored in the format, and the product before its bias where the bias is a separate Add
+        err = err + p.u * (np.abs(z) + np.abs(z - lin.b) + 2 * err) + 2 * p.sub
+    return Bounded(z, err)
 
 
-def accumulation(n: int) -> float:
-    """The relative bound on the rounding error of a float32 sum of ``n`` terms (or an inner product
-    of length ``n``) in any order, against the sum of the terms' magnitudes: the deterministic
-    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1)
-    or the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums:
-    the deterministic one)."""
-    return min(n * U32 / (1 - n * U32), LAMBDA * U32 * np.sqrt(n))
+def accumulation(n: int, u: float = U32) -> float:
+    """The relative bound on the rounding error of a sum of ``n`` terms (or an inner product of length
+    ``n``) in any order, each operation's unit roundoff ``u``, against the sum of the terms'
+    magnitudes: the deterministic ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of
+    Numerical Algorithms", 3.1) or the probabilistic ``LAMBDA u sqrt(n)`` of the model above,
+    whichever is smaller (short sums: the deterministic one)."""
+    return min(n * u / (1 - n * u), LAMBDA * u * np.sqrt(n)) if n * u < 1 else LAMBDA * u * np.sqrt(n)
 
 
 def clip(x: Bounded, lo: float, hi: float) -> Bounded:
@@ -136,44 +244,51 @@ def clip(x: Bounded, lo: float, hi: float) -> Bounded:
     return Bounded(np.clip(x.v, lo, hi), np.where(exact, 0.0, x.err))
 
 
-def scale(x: Bounded, c: float) -> Bounded:
+def scale(x: Bounded, c: float, p: Precision = FLOAT32) -> Bounded:
     """``x * c`` by a constant (ML-Agents' ``/ 3``): one rounding."""
     v = x.v * c
-    return Bounded(v, np.abs(c) * x.err + U32 * np.abs(v))
+    return Bounded(v, np.abs(c) * x.err + p.rnd(v))
 
 
-def sigmoid(x: Bounded) -> Bounded:
-    return Bounded(1.0 / (1.0 + np.exp(-x.v)), 0.25 * x.err + E_SIGMOID)
+def sigmoid(x: Bounded, p: Precision = FLOAT32) -> Bounded:
+    return Bounded(1.0 / (1.0 + np.exp(-x.v)), 0.25 * x.err + p.e_sigmoid)
 
 
-def tanh(x: Bounded) -> Bounded:
+def tanh(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = np.tanh(x.v)
-    return Bounded(v, x.err + E_TANH + U32 * np.abs(v))
+    return Bounded(v, x.err + p.e_tanh + p.rnd(v))
 
 
-def exp(x: Bounded) -> Bounded:
+def exp(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = np.exp(x.v)
     hi = np.exp(x.v + x.err)  # increasing: |exp(x + e) - exp(x)| <= exp(x + |e|) - exp(x)
-    return Bounded(v, np.where(hi == v, 0.0, hi - v) + E_EXP * hi)  # hi == v: exact, or both inf (not inf - inf)
+    # hi == v: exact, or both inf (not inf - inf)
+    return Bounded(v, np.where(hi == v, 0.0, hi - v) + p.e_exp * hi + (p.sub if p.sub else 0.0))
 
 
-def mul(a: Bounded, b: Bounded) -> Bounded:
+def mul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = a.v * b.v
-    return Bounded(v, (np.abs(a.v) + a.err) * b.err + np.abs(b.v) * a.err + U32 * np.abs(v))
+    return Bounded(v, (np.abs(a.v) + a.err) * b.err + np.abs(b.v) * a.err + p.rnd(v))
 
 
-def add(a: Bounded, b: Bounded) -> Bounded:
+def add(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = a.v + b.v
-    return Bounded(v, a.err + b.err + U32 * np.abs(v))
+    return Bounded(v, a.err + b.err + p.rnd(v))
 
 
-def swish(z: Bounded) -> Bounded:
+def swish(z: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``z * sigmoid(z)`` (ML-Agents' Swish, exported as Sigmoid + Mul)."""
     v = z.v / (1.0 + np.exp(-z.v))
-    return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * E_SIGMOID + U32 * np.abs(v))
+    return Bounded(v, L_SWISH * z.err + (np.abs(z.v) + z.err) * p.e_sigmoid + p.rnd(v))
 
 
-def matmul(a: Bounded, b: Bounded) -> Bounded:
+def stored(x: Bounded, p: Precision) -> Bounded:
+    """``x`` (float32 values: an input, the float32 normalizer's output) cast to the format ``p``: one
+    rounding when it is a half format, nothing in float32."""
+    return Bounded(x.v, x.err + p.rnd(x.v)) if p.stored else x
+
+
+def matmul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``a @ b`` over the last axis of ``a`` and the second-to-last of ``b`` (batched MatMul; both
     inexact): each term's inherited error ``|a| e_b + e_a (|b| + e_b)``, root-sum-square over the ``k``
     terms (independent errors, as for :func:`affine`), plus the product's own roundings
@@ -184,17 +299,20 @@ def matmul(a: Bounded, b: Bounded) -> Bounded:
     # sum_k (|a| e_b + e_a (|b| + e_b))^2, expanded into three products
     bb = np.abs(b.v) + b.err
     sq = (a.v ** 2) @ (b.err ** 2) + 2 * (np.abs(a.v) * a.err) @ (b.err * bb) + (a.err ** 2) @ (bb ** 2)
-    return Bounded(v, np.sqrt(sq) + accumulation(k) * A * (1 + U32))
+    err = np.sqrt(sq) + accumulation(k, p.acc) * A * (1 + p.acc)
+    if p.stored:
+        err = err + p.u * (np.abs(v) + err) + p.sub  # the result stored in the format
+    return Bounded(v, err)
 
 
-def minus_plus_one(x: Bounded) -> Bounded:
+def minus_plus_one(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     """``(x - 1) + 1`` in float32 (ML-Agents' MultiHeadAttention does it to the keys, a workaround for
     Sentis): the same value, two roundings, ``u |x - 1|`` then ``u |x|``, each on the perturbed value."""
-    e1 = x.err + U32 * (np.abs(x.v - 1.0) + x.err)
-    return Bounded(x.v, e1 + U32 * (np.abs(x.v) + e1))
+    e1 = x.err + p.u * (np.abs(x.v - 1.0) + x.err)
+    return Bounded(x.v, e1 + p.u * (np.abs(x.v) + e1))
 
 
-def layer_norm(x: Bounded, eps: float) -> Bounded:
+def layer_norm(x: Bounded, eps: float, p: Precision = FLOAT32) -> Bounded:
     """``(x - mean) / sqrt(mean((x - mean)^2) + eps)`` over the last axis of width ``d`` (ML-Agents'
     parameter-free LayerNorm; ``eps`` the float32 constant the runtimes add), computed in two passes.
 
@@ -224,23 +342,23 @@ def layer_norm(x: Bounded, eps: float) -> Bounded:
     y = c / s
     e = x.err
     me = np.minimum(e.mean(axis=-1, keepdims=True), LAMBDA * np.sqrt((e * e).sum(axis=-1, keepdims=True)) / d)
-    e_mu = accumulation(d) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + U32 * np.abs(mu)
+    e_mu = accumulation(d, p.acc) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + p.u * np.abs(mu)
     t = e + me + e_mu
-    t = t + U32 * (np.abs(c) + t)
+    t = t + p.u * (np.abs(c) + t)
     rms_t = np.sqrt((t * t).mean(axis=-1, keepdims=True))
     M = np.minimum((np.abs(c) * t).mean(axis=-1, keepdims=True),
                    LAMBDA * np.sqrt((c * c * t * t).sum(axis=-1, keepdims=True)) / d)
     cs = np.abs(c) + t  # an upper bound of |c + t|, for the divisor's own rounding
     var_t = (cs * cs).mean(axis=-1, keepdims=True)
-    r_v = (2 * U32 + accumulation(d)) * (1 + U32) * var_t / (var_t + eps) + U32
-    eta = r_v / (2 - r_v) + 2 * U32 * (1 + r_v)
+    r_v = (2 * p.u + accumulation(d, p.acc)) * (1 + p.u) * var_t / (var_t + eps) + p.u
+    eta = r_v / (2 - r_v) + 2 * p.u * (1 + r_v)
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = np.where(2 * s > rms_t, (2 * M + rms_t ** 2) / (2 * s - rms_t), np.inf)
         near = np.where(s > rho, (t + np.abs(y) * rho) / (s - rho), np.inf)
-    return Bounded(y, near + (np.abs(y) + near) * (U32 + eta) / (1 - eta))
+    return Bounded(y, near + (np.abs(y) + near) * (p.u + eta) / (1 - eta))
 
 
-def softmax(z: Bounded, axis: int = -1) -> Bounded:
+def softmax(z: Bounded, axis: int = -1, prec: Precision = FLOAT32) -> Bounded:
     """``exp(z - max) / sum(exp(z - max))`` along ``axis`` (ONNX Softmax, torch.softmax).
 
     Derivation. Inherited: with ``|dz_i| <= e_i`` and ``E = max_j e_j`` over the row,
@@ -257,19 +375,19 @@ def softmax(z: Bounded, axis: int = -1) -> Bounded:
     ex = np.exp(v - m)
     p = ex / ex.sum(axis=axis, keepdims=True)
     n = v.shape[axis]
-    tiny = 2.0 ** -126
+    tiny = prec.tiny
     E = z.err.max(axis=axis, keepdims=True)
     grow = np.expm1(z.err + E)
     dist = np.abs(v - m) + z.err + E
     with np.errstate(over="ignore"):
-        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(U32 * dist) * (1 + E_EXP) + E_EXP, 0.0)
-    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
-    own = (1 + alpha) * (1 + 2 * U32) / (1 - a_sum) - 1
+        alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(prec.u * dist) * (1 + prec.e_exp) + prec.e_exp, 0.0)
+    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n, prec.acc) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
+    own = (1 + alpha) * (1 + 2 * prec.u) / (1 - a_sum) - 1
     err = p * grow + p * (1 + grow) * own
     return Bounded(p, np.where(alpha > 0, err, p * grow + tiny))
 
 
-def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
+def masked_mean(y: Bounded, keep: np.ndarray, eps: float, p: Precision = FLOAT32) -> Bounded:
     """``sum_n keep_n y_n / (sum_n keep_n + eps)`` over axis 1 of ``y`` [B, N, d] (ML-Agents'
     attention pooling; ``keep`` [B, N] exactly 0 or 1, ``eps`` its float32 constant).
 
@@ -281,14 +399,19 @@ def masked_mean(y: Bounded, keep: np.ndarray, eps: float) -> Bounded:
     k = keep[:, :, None].astype(np.float64)
     num = (y.v * k).sum(axis=1)
     n = y.v.shape[1]
-    e_num = (y.err * k).sum(axis=1) + accumulation(n) * ((np.abs(y.v) + y.err) * k).sum(axis=1)
+    kept = keep[:, :, None]  # (an infinite bound of a padded entity stays out: inf * 0 would be NaN)
+    e_num = (np.where(kept, y.err, 0.0).sum(axis=1)
+             + accumulation(n, p.acc) * np.where(kept, np.abs(y.v) + y.err, 0.0).sum(axis=1))
     den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
-    e_den = U32 * den
+    if p.stored:  # the numerator stored in the format before the division
+        e_num = e_num + p.u * (np.abs(num) + e_num) + p.sub
+    e_den = p.u * den
     q = num / den
-    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + U32 * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
+    return Bounded(q, (e_num + np.abs(q) * e_den) / (den - e_den) + p.u * (np.abs(q) + (e_num + np.abs(q) * e_den) / (den - e_den)))
 
 
-def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool = True) -> Bounded:
+def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool = True,
+           p: Precision = FLOAT32) -> Bounded:
     """A Conv2d (NCHW, square kernel ``k``, ``stride``, zero padding ``pad``, dilation 1, one group):
     each output element is an inner product of length ``C k k`` plus its bias over the input patch,
     in any order and any algorithm that sums those products (im2col + GEMM, direct): bounded as
@@ -305,7 +428,7 @@ def conv2d(x: Bounded, lin: Linear, k: int, stride: int, pad: int, bounds: bool 
         win = np.lib.stride_tricks.sliding_window_view(a, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
         return np.array(win[:, :, :ho, :wo].transpose(0, 2, 3, 1, 4, 5), order="C").reshape(rows, ho * wo, ch * k * k)
 
-    out = affine(Bounded(patches(v), patches(e)), lin, bounds)
+    out = affine(Bounded(patches(v), patches(e)), lin, bounds, p=p)
     return Bounded(*(np.ascontiguousarray(a.reshape(rows, ho, wo, -1).transpose(0, 3, 1, 2)) for a in (out.v, out.err)))
 
 
@@ -319,11 +442,11 @@ def max_pool(x: Bounded, k: int, stride: int) -> Bounded:
     return Bounded(pool(x.v), pool(x.err))
 
 
-def leaky_relu(x: Bounded, slope: float) -> Bounded:
+def leaky_relu(x: Bounded, slope: float, p: Precision = FLOAT32) -> Bounded:
     """``x`` or ``slope x`` (slope < 1: 1-Lipschitz); the product rounds once (``u |v|``, and as much
     again for a kernel whose slope is 0.01 rounded otherwise than the ONNX attribute's float32)."""
     v = np.where(x.v >= 0, x.v, slope * x.v)
-    return Bounded(v, x.err + 2 * U32 * np.abs(np.minimum(v, 0)))
+    return Bounded(v, x.err + 2 * p.u * np.abs(np.minimum(v, 0)) + (2 * p.sub if p.sub else 0.0))
 
 
 def relu(x: Bounded) -> Bounded:
@@ -342,11 +465,12 @@ class Reference:
     values: Dict[str, np.ndarray]
     bounds: Dict[str, np.ndarray]
     logits: Dict[int, Bounded]
+    precision: Precision = FLOAT32  # the format the bounds are for
 
     def rows(self, n: int) -> "Reference":
         """The first ``n`` rows (rows are independent: the reference of a feed's first ``n`` rows)."""
         return Reference({k: v[:n] for k, v in self.values.items()}, {k: v[:n] for k, v in self.bounds.items()},
-                         {b: Bounded(lg.v[:n], lg.err[:n]) for b, lg in self.logits.items()})
+                         {b: Bounded(lg.v[:n], lg.err[:n]) for b, lg in self.logits.items()}, self.precision)
 
 
 class Float64Policy:
@@ -364,20 +488,23 @@ class Float64Policy:
         self._encode = [(b, w) for b, w in prepared if b.stage == blocks.ENCODE and b.has("reference_encode")]
         self._outputs = [(b, w) for b, w in prepared if b.has("reference_output")]
 
-    def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True) -> "Reference":
+    def forward(self, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None, bounds: bool = True,
+                precision: Precision = FLOAT32) -> "Reference":
+        """The float64 forward; ``precision``: the format whose runtime the bounds are for (float32, or a
+        half format: ``PRECISIONS``)."""
         # IEEE arithmetic as the float32 runtimes do it: exp(-z) of a very negative z is inf (sigmoid 0, swish -0,
         # as intended); a divisor that underflowed to 0 or an exp(log_sigma) that overflowed gives inf/NaN,
         # which judge() counts against the runtime (a NaN value or bound is no bound): no numpy warnings
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            return self._forward(feed, noise, bounds)
+            return self._forward(feed, noise, bounds, precision)
 
     def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """The deterministic outputs rounded once to float32 (fingerprints)."""
         vals = self.forward(feed, bounds=False).values
         return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in vals.items()}
 
-    def _forward(self, feed, noise, bounds: bool) -> "Reference":
-        r = blocks.ReferenceFlow(feed, bounds, noise)
+    def _forward(self, feed, noise, bounds: bool, precision: Precision) -> "Reference":
+        r = blocks.ReferenceFlow(feed, bounds, noise, precision=precision)
         for b, w in self._observe:
             b.reference_observe(r, w)
         parts = [r.encoded[i] for i in self._own_obs]  # observation order, then the appended encodings
@@ -389,7 +516,7 @@ class Float64Policy:
             b.reference_encode(r, w)
         for b, w in self._outputs:
             b.reference_output(r, w)
-        return Reference(r.values, r.errs, r.logits)
+        return Reference(r.values, r.errs, r.logits, precision)
 
 
 def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.ndarray] = None) -> "Reference":
@@ -399,10 +526,14 @@ def reference_forward(policy, feed: Dict[str, np.ndarray], noise: Optional[np.nd
 
 
 def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
-    """Compare one float32 runtime's output with the reference: figures + ``ok``.
+    """Compare one runtime's output with the reference (its bounds for the runtime's format,
+    ``ref.precision``): figures + ``ok``.
 
     Floats: every element within its bound (``ratio`` = max observed error / bound). Argmax outputs:
-    equal, or within a tie the bounds cannot resolve."""
+    equal, or a flip within its bound: the float64 margin between the two logits (the reference's
+    pick and the runtime's) at most their two bounds plus the softmax's tie (``precision.tie``
+    relative), a tie that format cannot resolve. ``flips`` lists the flipped rows with their margin
+    and bound (``first_failure`` too, for one over its bound)."""
     want = ref.values[name]
     got = np.asarray(got)
     d: Dict[str, object] = {"count": int(want.size)}
@@ -412,6 +543,8 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
     if want.dtype.kind in "iu":
         bad, ties = 0, 0
         first = None
+        flips = []
+        tie = ref.precision.tie
         for b, lg in ref.logits.items():
             g = got[:, b].astype(np.int64)
             w = want[:, b]
@@ -423,15 +556,22 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
                     first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r])}
                     continue
                 gap = lg.v[r, w[r]] - lg.v[r, g[r]]
-                slack = lg.err[r, w[r]] + lg.err[r, g[r]] + TIE * max(1.0, abs(lg.v[r, w[r]]))
+                slack = lg.err[r, w[r]] + lg.err[r, g[r]] + tie * max(1.0, abs(lg.v[r, w[r]]))
+                flip = {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r]), "margin": float(gap),
+                        "bound": float(slack)}
+                flips.append(flip)
                 if gap <= slack:
                     ties += 1
                 else:
                     bad += 1
-                    first = first or {"index": [int(r), b], "expected": int(w[r]), "got": int(g[r]), "logit_gap": float(gap)}
+                    first = first or dict(flip, logit_gap=float(gap))
         d.update(ok=bad == 0, equal=int((got == want).sum()), ties=ties, mismatches=bad, first_failure=first)
+        if flips:
+            d["flips"] = flips
         return d
     bound = ref.bounds[name]
+    if np.isnan(bound).any():  # a bound no arithmetic gave (it would pass anything silently): unbounded
+        bound = np.where(np.isnan(bound), np.inf, bound)
     g64 = got.astype(np.float64)
     err = np.abs(g64 - want)
     err = np.where(np.isfinite(g64), err, np.inf)
@@ -442,6 +582,8 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
              max_bound=float(bound.max()) if bound.size else 0.0,
              median_bound=float(np.median(bound)) if bound.size else 0.0,
              ratio=float(ratio.max()) if ratio.size else 0.0, over=int(over.sum()))
+    if np.isinf(bound).any():
+        d["unbounded"] = int(np.isinf(bound).sum())
     if over.any():
         k = tuple(int(i) for i in np.argwhere(over)[0])
         d["first_failure"] = {"index": list(k), "reference": float(want[k]), "got": float(g64[k]),

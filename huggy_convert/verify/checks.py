@@ -381,12 +381,27 @@ def _diagnose(outputs: Dict[str, np.ndarray], zero_outputs: Dict[str, np.ndarray
     return "; ".join(hints)
 
 
-def _bound_text(j: Dict) -> str:
+def _margins(flips: List[Dict], within: bool, most: int = 3) -> str:
+    """The flipped rows' float64 margins against their bounds (the first ``most``)."""
+    sel = [f for f in flips if (f["margin"] <= f["bound"]) == within]
+    txt = ", ".join(f"{f['index']}: {f['expected']}->{f['got']}, margin {f['margin']:.3g} "
+                    f"{'<=' if within else '>'} bound {f['bound']:.3g}" for f in sel[:most])
+    return txt + (f" (+{len(sel) - most} more)" if len(sel) > most else "")
+
+
+def _bound_text(j: Dict, dtype: str = "float32") -> str:
     if "shape_mismatch" in j:
         return f"shape {j['shape_mismatch'][1]} != expected {j['shape_mismatch'][0]}"
-    if "equal" in j:  # argmax
-        return f"{j['equal']}/{j['count']} equal" + (f", {j['ties']} float32 tie(s)" if j["ties"] else "")
+    if "equal" in j:  # argmax: a flip passes when the float64 margin of its two logits is within their bound
+        flips = j.get("flips", [])
+        return (f"{j['equal']}/{j['count']} equal"
+                + (f", {j['ties']} {dtype} tie(s) (float64 logit margin within the bound: {_margins(flips, True)})"
+                   if j["ties"] else "")
+                + (f"; {j['mismatches']} flip(s) OVER the bound ({_margins(flips, False)})" if j["mismatches"] and flips
+                   else (f"; {j['mismatches']} element(s) OVER the bound, first {j['first_failure']}"
+                         if j["mismatches"] else "")))
     return (f"max_abs={j['max_abs']:.3g}, error/bound {j['ratio']:.3g} (median bound {j['median_bound']:.2g})"
+            + (f"; {j['unbounded']} element(s) without a finite {dtype} bound" if j.get("unbounded") else "")
             + ("" if j["ok"] else f"; {j['over']} element(s) OVER the bound, first {j['first_failure']}"))
 
 
@@ -395,10 +410,13 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
                   normalizer_dtypes: Dict[str, str], zero_run=None,
                   overrides_rtol: Optional[Dict[str, float]] = None, noised=None) -> Check:
     """One runtime (``run(feed) -> {output: array}``) against the float64 reference ``ref``
-    (bounds.Reference). float32: every element within its derived bound (bounds.judge); float16 /
-    bfloat16: the explicit thresholds (bf16 over them: a warning, not for production). An output
-    named in ``--atol``/``--rtol``/``--cosine`` is judged by that rule instead. ``noised``:
-    ``(run_noise, reference with noise)`` adds ``continuous_actions`` with injected noise."""
+    (bounds.Reference, its bounds derived for ``dtype``: ``ref.precision``): every element within
+    its derived bound, one rule for float32, float16 and bfloat16 (bounds.judge; over the bound
+    fails). An output named in ``--atol``/``--rtol``/``--cosine`` is judged by that rule instead
+    (over it: a failure, or for bfloat16 a warning, as the user's threshold always was). A reference
+    derived for another format than ``dtype`` (none given for it) falls back to the
+    ``DEFAULT_TOLERANCES`` thresholds. ``noised``: ``(run_noise, reference with noise)`` adds
+    ``continuous_actions`` with injected noise."""
     from .bounds import judge
 
     c = Check(title)
@@ -408,7 +426,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         c.status, c.summary = FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return c
     overrides_rtol = overrides_rtol or {}
-    ratios, worst = [], []
+    ratios, worst, ties = [], [], 0
     items = [(name, got[name], ref) for name in ref.values if name in got and name != C.OUT_CONT]
     if noised is not None:
         run_noise, ref_noise = noised
@@ -420,9 +438,10 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         label = name + (" (injected noise)" if name == C.OUT_CONT else "")
         want = r.values[name]
         user = any(name in d or "*" in d for d in (overrides_atol, overrides_cos, overrides_rtol))
-        if dtype == "float32" and not user:
+        if r.precision.name == dtype and not user:
             j = judge(r, name, arr)
-            c.add(Check(label, PASS if j["ok"] else FAIL, _bound_text(j), figures=j))
+            c.add(Check(label, PASS if j["ok"] else FAIL, _bound_text(j, dtype), figures=j))
+            ties += j.get("ties", 0)
             if "ratio" in j:
                 ratios.append(j["ratio"])
                 worst.append(j["max_abs"])
@@ -434,11 +453,12 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         ref32 = want.astype(np.float32) if want.dtype.kind == "f" else want
         s = array_stats(ref32, arr)
         ok = tol.passes(s, ref32, arr)
-        status = PASS if ok else (WARN if dtype == "bfloat16" else FAIL)
+        warn = dtype == "bfloat16" and user  # the user's own bf16 threshold: reported, as it always was
+        status = PASS if ok else (WARN if warn else FAIL)
         rule = f"atol {tol.atol:g}" + (f" or rtol {tol.rtol:g}" if tol.rtol is not None else "") + f", cosine {tol.cosine}"
         if ok:
             extra = f" (within {rule})"
-        elif dtype == "bfloat16":
+        elif warn:
             extra = " over the bf16 threshold: not for production"
         else:
             n = tol.violations(ref32, arr) if s.get("mismatches") is None else s["mismatches"]
@@ -451,6 +471,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         c.summary = "FAILED" + (f": {why}" if why else "")
     else:
         c.summary = (f"max_abs {max(worst) if worst else 0:.3g}" + (f", error/bound {max(ratios):.3g}" if ratios else "")
+                     + (f", {ties} argmax flip(s) within their float64 margin" if ties else "")
                      + (" (not for production)" if c.status == WARN else ""))
     c.figures = {"dtype": dtype, "max_bound_ratio": max(ratios) if ratios else None}
     return c

@@ -31,7 +31,7 @@ from ..runtime import (INTRA_OP_THREADS, VERIFY_THREADS, OrtRunner, cann_availab
                        ort_session, program_runner, torch_threads)
 from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
-from .bounds import Float64Policy, within_both
+from .bounds import PRECISIONS, Float64Policy, within_both
 from .report import FAIL, PASS, SKIP, WARN, Check, Report
 
 GOLDEN_IN, GOLDEN_OUT, GOLDEN_NOISE, GOLDEN_NOISED = "in.", "out.", "noise", "noised." + C.OUT_CONT
@@ -206,7 +206,7 @@ def _without_noise(ref):
     from .bounds import Reference as Ref64
 
     return Ref64({k: v for k, v in ref.values.items() if k != C.OUT_CONT},
-                 {k: v for k, v in ref.bounds.items() if k != C.OUT_CONT}, ref.logits)
+                 {k: v for k, v in ref.bounds.items() if k != C.OUT_CONT}, ref.logits, ref.precision)
 
 
 class Context:
@@ -256,20 +256,23 @@ class Context:
             self._prepared[role] = self._prepared[same] if same else Float64Policy(pol)
         return self._prepared[role]
 
-    def reference(self, role: str, feed_name: str, with_noise: bool = False):
-        """The float64 reference of ``role`` on feed ``feed_name`` (with its injected noise). A feed with
-        noise runs one forward for both: the injected noise enters ``continuous_actions`` only, every
-        other output and bound is the forward's without it (``_without_noise``)."""
+    def reference(self, role: str, feed_name: str, with_noise: bool = False, dtype: str = "float32"):
+        """The float64 reference of ``role`` on feed ``feed_name`` (with its injected noise), its bounds
+        derived for a runtime in ``dtype`` (float32; float16 and bfloat16 only when a module of that
+        dtype is checked). A feed with noise runs one forward for both: the injected noise enters
+        ``continuous_actions`` only, every other output and bound is the forward's without it
+        (``_without_noise``)."""
         prep = self.prepared(role)
-        key = (prep, feed_name, with_noise)
+        key = (prep, feed_name, with_noise) if dtype == "float32" else (prep, feed_name, with_noise, dtype)
         if key not in self._refs:
+            p = PRECISIONS[dtype]
             noise = self.noises.get(feed_name)
             if noise is None:
-                self._refs[key] = prep.forward(self.feeds[feed_name])
+                self._refs[key] = prep.forward(self.feeds[feed_name], precision=p)
             else:
-                full = prep.forward(self.feeds[feed_name], noise)
-                self._refs[(prep, feed_name, True)] = full
-                self._refs[(prep, feed_name, False)] = _without_noise(full)
+                full = prep.forward(self.feeds[feed_name], noise, precision=p)
+                self._refs[key[:2] + (True,) + key[3:]] = full
+                self._refs[key[:2] + (False,) + key[3:]] = _without_noise(full)
         return self._refs[key]
 
     def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -277,7 +280,7 @@ class Context:
         a forward already run on a bitwise-equal feed (a batch's 16 probe rows are its 16-step
         fingerprint's; the bounds never enter the values), else a forward of the values alone."""
         prep = self.prepared("ours")
-        for (p, name, _), ref in self._refs.items():
+        for (p, name, *_), ref in self._refs.items():
             if p is prep and same_arrays(self.feeds[name], feed):
                 return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v)
                         for k, v in ref.values.items() if k != C.OUT_CONT}
@@ -556,10 +559,13 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
         return K.check_runtime(title, run, ctx.reference(role, feed_name), feed, "float32", o.atol, o.cosine, {},
                                None, o.rtol, noised)
 
+    def ref_for(dt):  # the reference with the bounds of a runtime in dtype (float16/bfloat16: only when checked)
+        return ctx.reference("ours", feed_name, dtype=dt) if dt in PRECISIONS else ref64
+
     def module_check(title, mod, dt, noised=None):
         runner = module_runner(mod)
         norm = mod.pinned_dtypes() if hasattr(mod, "pinned_dtypes") else {}
-        c4.add(K.check_runtime(title, runner, ref64, feed, dt, o.atol, o.cosine, norm, lambda: runner(zero_feed),
+        c4.add(K.check_runtime(title, runner, ref_for(dt), feed, dt, o.atol, o.cosine, norm, lambda: runner(zero_feed),
                                o.rtol, noised))
         return runner
 
@@ -596,7 +602,7 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
                     with torch.no_grad():
                         xs = [torch.from_numpy(feed[n]).to(dev) for n in mod.input_names]
                         return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noise))[0].float().cpu().numpy()
-                nz = (run_noise, ref_n)
+                nz = (run_noise, ref_n if dt == "float32" else ctx.reference("ours", feed_name, True, dt))
             runner = module_check(f"torch module {dev} {dt}", mod, dt, nz)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
@@ -609,7 +615,7 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
             with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
                 prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
             dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
-            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref64, feed, dt, o.atol,
+            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref_for(dt), feed, dt, o.atol,
                                    o.cosine, pbuf, lambda: prun(zero_feed), o.rtol))
         except HuggyError as exc:  # refused before torch.export.load (see exporters.pt2.unsafe_reason)
             c4.add(Check(f"saved program {pt2_path.name}", FAIL, exc.message))
@@ -617,11 +623,19 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
             c4.add(Check(f"saved program {pt2_path.name}", FAIL,
                          f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
     nfail = sum(1 for ch in c4.children if ch.status == FAIL)
-    ratios = [ch.figures.get("max_bound_ratio") for ch in c4.children if ch.figures.get("max_bound_ratio") is not None]
+    by_dtype: Dict[str, List[float]] = {}
+    for ch in c4.children:
+        if ch.figures.get("max_bound_ratio") is not None:
+            by_dtype.setdefault(ch.figures.get("dtype", "float32"), []).append(ch.figures["max_bound_ratio"])
+    ratios = by_dtype.get("float32", [])
+    halves = {dt: max(v) for dt, v in by_dtype.items() if dt != "float32"}
     c4.summary = (f"{len(c4.children) - nfail}/{len(c4.children)} runs within bounds"
                   + (f"; float32 worst error/bound {max(ratios):.3g}" if ratios else "")
+                  + "".join(f", {dt} {r:.3g}" for dt, r in halves.items())
                   + f" ({feed_name}, {int(next(iter(feed.values())).shape[0])} rows)")
     c4.figures = {"feed": feed_name, "max_bound_ratio": max(ratios) if ratios else None}
+    if halves:
+        c4.figures["max_bound_ratio_half"] = halves
     return c4, cpu32
 
 
