@@ -17,7 +17,8 @@ MANIFEST = json.loads((FAMILIES / "manifest.json").read_text())
 RUNS = {r["name"]: r for r in MANIFEST["runs"]}
 EXPECTED = ["visual_simple", "visual_nature_cnn", "visual_resnet", "visual_match3",
             "visual_fully_connected", "visual_vector", "attention", "goal_hyper", "goal_none",
-            "visual_simple_mlagents030", "attention_mlagents030"]
+            "gridworld", "visual_pushblock", "visual_simple_mlagents030", "attention_mlagents030",
+            "hallway_mlagents030"]
 
 
 def test_every_family_run_is_listed():
