@@ -156,6 +156,25 @@ def test_6_a_nan_bound_bounds_nothing():
     assert judge(Reference({"a": np.array([1.0])}, {"a": np.array([1e-6])}, {}), "a", np.float32([1.0]))["ok"]
 
 
+def test_6_an_element_without_a_finite_bound_still_needs_finite_values():
+    """An element whose bound the arithmetic could not make finite (inf, or NaN: counted as unbounded and
+    reported) passes only with a finite runtime value and a finite reference: an overflowed runtime or a
+    NaN reference never passes, whatever the bound (this once let a policy whose divisor underflowed to 0
+    PASS with max_abs=inf)."""
+    from huggy_convert.verify.bounds import Reference, judge, within_both
+
+    unbounded = Reference({"a": np.array([1.0, 2.0])}, {"a": np.array([np.inf, np.nan])}, {})
+    j = judge(unbounded, "a", np.float32([5.0, -3.0]))
+    assert j["ok"] and j["unbounded"] == 2, j
+    for got in ([np.inf, 2.0], [1.0, np.nan], [-np.inf, np.nan]):
+        assert not judge(unbounded, "a", np.float32(got))["ok"], got
+    nan_ref = Reference({"a": np.array([np.nan])}, {"a": np.array([np.inf])}, {})
+    assert not judge(nan_ref, "a", np.float32([np.nan]))["ok"]
+    inf_bound = Reference({"a": np.array([1.0])}, {"a": np.array([np.inf])}, {})
+    assert not within_both(inf_bound, inf_bound, "a", np.float32([np.inf]), np.float32([1.0]))["ok"]
+    assert within_both(inf_bound, inf_bound, "a", np.float32([7.0]), np.float32([1.0]))["ok"]
+
+
 # --- 6. a golden file that holds nothing check 3 reads ---------------------------------------------
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):

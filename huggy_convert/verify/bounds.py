@@ -573,9 +573,11 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
     if np.isnan(bound).any():  # a bound no arithmetic gave (it would pass anything silently): unbounded
         bound = np.where(np.isnan(bound), np.inf, bound)
     g64 = got.astype(np.float64)
-    err = np.abs(g64 - want)
-    err = np.where(np.isfinite(g64), err, np.inf)
-    over = ~(err <= bound)  # a NaN reference value or bound bounds nothing
+    # an element passes only where the runtime and the reference are both finite and within the bound: an
+    # element without a finite bound (counted below) still needs finite values, so inf/NaN never pass
+    finite = np.isfinite(g64) & np.isfinite(want)
+    err = np.where(finite, np.abs(g64 - want), np.inf)
+    over = ~finite | ~(err <= bound)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(bound > 0, err / bound, np.where(err > 0, np.inf, 0.0))
     d.update(ok=not bool(over.any()), max_abs=float(err.max()) if err.size else 0.0,
@@ -596,8 +598,10 @@ def within_both(ref_a: Reference, ref_b: Reference, name: str, a: np.ndarray, b:
     with divisors 1 ulp apart: ``|a - b| <= bound_a + |ref_a - ref_b| + bound_b``."""
     wa, wb = ref_a.values[name], ref_b.values[name]
     limit = ref_a.bounds[name] + ref_b.bounds[name] + np.abs(wa - wb)
-    err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    over = ~(err <= limit)
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    finite = np.isfinite(a64) & np.isfinite(b64)  # inf/NaN never pass, whatever the limit
+    err = np.where(finite, np.abs(a64 - b64), np.inf)
+    over = ~finite | ~(err <= limit)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(limit > 0, err / limit, np.where(err > 0, np.inf, 0.0))
     return {"ok": not bool(over.any()), "count": int(err.size), "max_abs": float(err.max()) if err.size else 0.0,
