@@ -1,7 +1,8 @@
 """Ascend, stated correctly: one opset story (Barracuda 9; Sentis 7-15; ATC 9-13 on CANN 5.0/6.0 and
-9-18 on CANN 7.0+) in every help text and the README; the ``atc`` command for the ONNX written, read off
-that file; the precision modes measured by the ``precision`` mode; and onnxruntime's CANN execution
-provider (``device_id``, ``precision_mode``) with a fake provider list (no NPU here)."""
+9-18 on CANN 7.0+) in every help text and the user docs (docs/ascend.md, docs/unity.md; no wrong
+range in the README or any docs page); the ``atc`` command for the ONNX written, read off that file;
+the precision modes measured by the ``precision`` mode; and onnxruntime's CANN execution provider
+(``device_id``, ``precision_mode``) with a fake provider list (no NPU here)."""
 from __future__ import annotations
 
 import json
@@ -19,19 +20,25 @@ from huggy_convert.errors import DeviceError
 from huggy_convert.runtime import OrtRunner, make_probes
 from huggy_convert.runtime import ort as ort_mod
 
-README = (ROOT / "README.md").read_text()
+# the pages that state the opsets, and every user doc (README.md, docs/*.md) for the wrong ranges
+OPSET_DOCS = {name: (ROOT / name).read_text() for name in ("docs/ascend.md", "docs/unity.md")}
+USER_DOCS = {p.relative_to(ROOT).as_posix(): p.read_text()
+             for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 
 
-def test_one_opset_story_in_help_texts_and_readme():
+def test_one_opset_story_in_help_texts_and_docs():
     story = C.opset_story()
     assert "9 = ML-Agents/Barracuda" in story and "Unity Sentis: 7-15" in story
     assert "CANN 5.0/6.0: 9-13" in story and "CANN 7.0+: 9-18" in story
     for cmd in ("convert", "export"):  # click wraps lines (also after a hyphen): compare without whitespace
         assert "".join(story.split()) in "".join(run_cli(cmd, "--help").stdout.split()), cmd
-    flat = " ".join(README.split())
-    assert "9–13 on CANN 5.0/6.0" in flat and "9–18 on CANN 7.0" in flat
-    for wrong in (r"11\s*(\.\.|-|–)\s*15 for[^.]*ATC", r"ATC[^.\n]*11\s*(\.\.|-|–)\s*15"):
-        assert not re.search(wrong, flat), wrong
+    for name, text in OPSET_DOCS.items():
+        flat = " ".join(text.split())
+        assert "9–13 on CANN 5.0/6.0" in flat and "9–18 on CANN 7.0" in flat, name
+    for name, text in USER_DOCS.items():
+        flat = " ".join(text.split())
+        for wrong in (r"11\s*(\.\.|-|–)\s*15 for[^.]*ATC", r"ATC[^.\n]*11\s*(\.\.|-|–)\s*15"):
+            assert not re.search(wrong, flat), (name, wrong)
 
 
 @pytest.fixture(scope="module")
