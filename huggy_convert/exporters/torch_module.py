@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from .. import blocks
 from .. import contract as C
+from .. import torchcompat
 from ..converter import Policy
 from .devices import resolve_device, torch_dtype
 
@@ -51,7 +52,7 @@ class Affine(nn.Module):
         every traced graph, ``addmm``. It reads its own parameter dict: nn.Module's attribute lookup
         costs ~1 us a call, a tenth of Huggy's batch-1 forward over its four layers. Never cached:
         torch.export and ``.to()`` swap the tensors."""
-        p = self._parameters
+        p = torchcompat.module_params(self)
         if vec:
             return torch.addmv(p["bias"], p["weight"], h)
         return torch.addmm(p["bias"], h, p["weight"].t())
@@ -125,7 +126,7 @@ class PolicyModule(nn.Module):
 
     def pinned(self, name: str) -> torch.Tensor:
         """The pinned buffer ``name`` (read per call: ``.to()`` replaces it)."""
-        return self._buffers[name]
+        return torchcompat.module_buffers(self)[name]
 
     def pinned_dtypes(self) -> Dict[str, str]:
         """The pinned (normalizer) buffers and their dtypes, e.g. ``{'norm0_mean': 'float32'}``."""
