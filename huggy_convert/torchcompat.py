@@ -6,6 +6,9 @@ finds it missing and the public way is taken. What each private name is for, and
 - ``module_params(m)`` / ``module_buffers(m)``: a module's own parameter / buffer dict (``m._parameters``,
   ``m._buffers``), read per call at batch 1, where ``nn.Module``'s attribute lookup (~1 us) shows in the
   latency. Fallback: a live view that reads ``getattr(m, name)`` (the same tensors).
+- ``MODULE_APPLY``: ``nn.Module._apply``, the hook every dtype and device conversion goes through, which
+  ``PolicyModule`` overrides to keep its normalizer float32. Fallback: ``PolicyModule`` overrides the
+  public conversions (``to``, ``half``, ``float``, ``double``, ``bfloat16``, ``cuda``, ``cpu``, ``type``).
 - ``inplace_silu()``: ``torch._C._nn.silu_``, the kernel ``F.silu(x, inplace=True)`` calls. Fallback:
   ``F.silu(x, inplace=True)`` (the same kernel, the same bits, one Python call more).
 - ``fast_pt2()``: the ``.pt2`` written with the graph serialized once (``torch._export.serde.serialize``
@@ -32,11 +35,12 @@ from typing import Callable, Dict, Iterator, Optional
 
 # the names of the private uses (``without_private`` takes them)
 MODULE_DICTS = "module_dicts"  # nn.Module._parameters / _buffers
+MODULE_APPLY = "module_apply"  # nn.Module._apply: the hook every dtype/device conversion goes through
 SILU_KERNEL = "silu_kernel"  # torch._C._nn.silu_
 PT2_WRITER = "pt2_writer"  # torch._export.serde.serialize.serialize + torch.export.pt2_archive._package
 PT2_READER = "pt2_reader"  # torch.export.pt2_archive.PT2ArchiveReader + .constants
 DYNAMO = "dynamo"  # torch._dynamo (imported ahead of a fork)
-PRIVATE = (MODULE_DICTS, SILU_KERNEL, PT2_WRITER, PT2_READER, DYNAMO)
+PRIVATE = (MODULE_DICTS, MODULE_APPLY, SILU_KERNEL, PT2_WRITER, PT2_READER, DYNAMO)
 
 _disabled: set = set()
 _cache: Dict[str, object] = {}
@@ -122,6 +126,23 @@ def module_buffers(m):
     """``m``'s own buffers by name, read live (see ``module_params``)."""
     _bind()
     return module_buffers(m)
+
+
+def _probe_module_apply():
+    """Whether ``.to()``, ``.half()``, ``.float()``, ``.cpu()`` reach an overridden ``_apply`` (no tensor made)."""
+    import torch
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def _apply(self, fn, recurse=True):
+            seen.append(1)
+            return super()._apply(fn, recurse)
+
+    m = Probe()
+    m.register_buffer("b", None)
+    m.to(torch.float64).half().float().cpu()
+    return True if len(seen) == 4 else None
 
 
 # --- the in-place SiLU kernel ------------------------------------------------------------------
@@ -257,7 +278,7 @@ def preload_export() -> None:
 
 
 _PROBES: Dict[str, Callable[[], object]] = {
-    MODULE_DICTS: _probe_module_dicts, SILU_KERNEL: _probe_silu, PT2_WRITER: _probe_pt2_writer,
+    MODULE_DICTS: _probe_module_dicts, MODULE_APPLY: _probe_module_apply, SILU_KERNEL: _probe_silu, PT2_WRITER: _probe_pt2_writer,
     PT2_READER: _probe_pt2_reader, DYNAMO: _probe_dynamo}
 
 

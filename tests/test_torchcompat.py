@@ -76,11 +76,15 @@ def test_module_fallbacks_compute_the_same_bits(run, huggy_policies):
                 out += [o.numpy().tobytes() for o in module.sample(*xs, seed=7)]
         return out
 
-    private = outputs(build_module(pol))
-    with torchcompat.without_private(torchcompat.MODULE_DICTS, torchcompat.SILU_KERNEL):
-        public = outputs(build_module(pol))
-        half = build_module(pol).half()  # the pinned normalizer buffers, read through the public attribute
-        assert set(half.pinned_dtypes().values()) <= {"float32"}
+    def converted(module):  # a conversion keeps the normalizer float32, the weights follow
+        module = module.half()
+        assert set(module.pinned_dtypes().values()) <= {"float32"}
+        assert {p.dtype for p in module.parameters()} == {torch.float16}
+        return module
+
+    private = outputs(build_module(pol)) + outputs(converted(build_module(pol)))
+    with torchcompat.without_private(torchcompat.MODULE_DICTS, torchcompat.MODULE_APPLY, torchcompat.SILU_KERNEL):
+        public = outputs(build_module(pol)) + outputs(converted(build_module(pol)))
     assert public == private
 
 
