@@ -3,6 +3,7 @@ bundled fixtures (memory carried between steps as the official ONNX carries it, 
 from __future__ import annotations
 
 import doctest
+import tempfile
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from huggy_convert.converter import load_checkpoint
 from conftest import ROOT, VARIANTS
 
 
-def test_docstring_examples_run(monkeypatch):
+def test_docstring_examples_run(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)  # the examples name the fixtures from the repository root
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # their tempfile.mkdtemp() folders: this test's
     res = doctest.testmod(api, optionflags=doctest.ELLIPSIS, report=True)
     assert res.failed == 0
     assert res.attempted >= 40  # every public function has its example
