@@ -102,6 +102,7 @@ from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
 from .converter.checkpoint import read_input_file
 from .converter.reference import divisor_record
+from . import torchcompat
 from .deployed import FAILING as DEPLOYED_FAILING
 from .deployed import check_deployed
 from .deployed import describe as describe_deployed
@@ -352,7 +353,7 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
         ckpt = read_checkpoint(it.path, read_input_file(it.path), "")
         prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
         ctx.writer.program_bytes(prep.conversion.policy)
-        import torch._dynamo  # noqa: F401  (what torch.export.load needs too)
+        torchcompat.preload_export()  # what torch.export.load needs too
     except Exception:  # noqa: BLE001 - its task reports it
         pass
 
@@ -888,7 +889,7 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
 
         try:  # the .pt2 template of the first set's architecture, traced once here
             writer.program_bytes(load_policy(_safetensors_path(sets[0])))
-            import torch._dynamo  # noqa: F401
+            torchcompat.preload_export()
         except Exception:  # noqa: BLE001 - its task reports it
             pass
 

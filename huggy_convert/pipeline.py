@@ -426,7 +426,7 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
 class ToCheckpointResult:
     """A canonical policy written back as ML-Agents' ``checkpoint.pt`` and read back."""
 
-    source: Path
+    source: Optional[Path]  # None: a policy given in memory
     path: Path
     policy: object
     global_step: int
@@ -443,7 +443,7 @@ class ToCheckpointResult:
 
     def summary(self) -> Dict[str, object]:
         spec = self.policy.spec
-        return {"ok": self.ok, "source": str(self.source), "out": str(self.path), "sha256": self.sha256,
+        return {"ok": self.ok, "source": str(self.source) if self.source else None, "out": str(self.path), "sha256": self.sha256,
                 "bytes": self.size, "family": spec.family, "training_step": self.global_step,
                 "modules": [C.CKPT_POLICY, C.CKPT_GLOBAL_STEP], "policy_keys": self.keys,
                 "not_included": "optimizer, critic and reward-signal state: ML-Agents logs 'Failed to load for "
@@ -460,7 +460,7 @@ class ToCheckpointResult:
 
 
 def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheckpointResult:
-    """``source`` (a canonical ``.safetensors``) -> ``out_dir/checkpoint.pt`` that ML-Agents 1.1.0
+    """``source`` (a canonical ``.safetensors``, or a ``Policy`` in memory) -> ``out_dir/checkpoint.pt`` that ML-Agents 1.1.0
     initializes from (``converter.state_dict``), written under a temporary name and renamed, then read
     back by this tool's own reader: the same spec, every tensor bitwise (the divisors aside: ML-Agents
     computes its own from the statistics) and the step."""
@@ -471,11 +471,16 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     from .converter.policy_file import atomic_write_bytes
     from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 
-    src = Path(source)
-    if src.suffix != SUFFIXES[SAFETENSORS]:
-        raise InputError(f"to-checkpoint reads a canonical {SUFFIXES[SAFETENSORS]} policy (convert the "
-                         f"checkpoint first: huggy-convert CKPT OUT/)", src)
-    policy = load_policy(src)
+    from .converter import Policy
+
+    if isinstance(source, Policy):
+        src, policy = None, source
+    else:
+        src = Path(source)
+        if src.suffix != SUFFIXES[SAFETENSORS]:
+            raise InputError(f"to-checkpoint reads a canonical {SUFFIXES[SAFETENSORS]} policy (convert the "
+                             f"checkpoint first: huggy-convert CKPT OUT/)", src)
+        policy = load_policy(src)
     if global_step is None:
         recorded = policy.metadata.get("training_step", "")
         global_step = int(recorded) if recorded.isdigit() else 0
@@ -488,7 +493,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
         raise InputError("exists and is not a directory", out)
     make_dirs(out)
     path = out / C.CHECKPOINT_FILE
-    if path.exists() and path.resolve() == src.resolve():
+    if src is not None and path.exists() and path.resolve() == src.resolve():
         raise InputError("refusing to overwrite the input", path)
     with locked(out, C.CHECKPOINT_FILE):
         atomic_write_bytes(path, data)

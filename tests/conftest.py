@@ -80,7 +80,7 @@ def assert_back_to_the_checkpoint(ckpt, policy, dest: Path):
     from huggy_convert.converter import save_policy
     from huggy_convert.pipeline import to_checkpoint
 
-    res = to_checkpoint(save_policy(dest / "p.safetensors", policy), dest / "back")
+    res = to_checkpoint(save_policy(policy, dest / "p.safetensors"), dest / "back")
     assert res.ok and res.read_back["bitwise_equal"] == res.read_back["tensors"] > 0
     got = torch.load(res.path, map_location="cpu", weights_only=True)[C.CKPT_POLICY]
     assert list(got) == list(ckpt.policy)

@@ -297,7 +297,7 @@ def test_mlagents_initializes_from_the_written_checkpoint(fx, tmp_path):
     if py is None:
         pytest.skip("mlagents is not installed here: set HUGGY_MLAGENTS_PYTHON or build fixtures/.venv")
     ckpt, _, _, pol = fx["attention"]
-    st = save_policy(tmp_path / "a.safetensors", pol)
+    st = save_policy(pol, tmp_path / "a.safetensors")
     job = _job("attention", ckpt.path, st, to_checkpoint(st, tmp_path / "back"), tmp_path / "a.npz")
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     p = subprocess.run([py, str(ROOT / "tests" / "mlagents_initialize.py"), str(tmp_path / "jobs.json")],

@@ -52,7 +52,7 @@ def test_variant_specs_match_what_mlagents_was_configured_with(name):
 
 def test_safetensors_is_float32_bitwise_and_reproducible(huggy_ckpt, tmp_path):
     conv = convert_checkpoint(huggy_ckpt)
-    path = save_policy(tmp_path / "p.safetensors", conv.policy)
+    path = save_policy(conv.policy, tmp_path / "p.safetensors")
     back = load_policy(path)
     assert back.spec == conv.policy.spec
     assert set(back.tensors) == set(conv.policy.tensors)
@@ -114,7 +114,7 @@ def test_steps_beyond_float32_exact_range_keep_the_exact_count(huggy_ckpt, tmp_p
     p = tmp_path / "Big-1.pt"
     torch.save(ck, p)
     pol = convert_checkpoint(p).policy
-    save_policy(tmp_path / "big.safetensors", pol)
+    save_policy(pol, tmp_path / "big.safetensors")
     back = load_policy(tmp_path / "big.safetensors")
     # float32 is what torch divides by (int64 / float32 promotes to float32) ...
     assert float(back.tensors[C.c_norm(0, C.NORM_STEPS)]) == float(torch.tensor(big).to(torch.float32))

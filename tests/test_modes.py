@@ -369,7 +369,7 @@ def test_export_opset13_passes_full_check(tmp_path, huggy_policy):
     assert ort_run(ort_session(m), feed)[C.OUT_CONT_DET].tobytes() == \
         ort_run(ort_session(build_onnx(huggy_policy, 9)), feed)[C.OUT_CONT_DET].tobytes()
     st = tmp_path / "h.safetensors"
-    save_policy(st, huggy_policy)
+    save_policy(huggy_policy, st)
     cli("export", st, "--opset", "13", "-o", tmp_path / "h13b.onnx")
     assert (tmp_path / "h13b.onnx").read_bytes() == out.read_bytes()
 

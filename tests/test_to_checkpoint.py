@@ -42,7 +42,7 @@ def written(tmp_path_factory):
         ck = step_checkpoints(run)[-1]
         d = tmp_path_factory.mktemp(name)
         policy = prepare_conversion(load_checkpoint(ck), ck.with_suffix(".onnx")).conversion.policy
-        st = save_policy(d / f"{ck.stem}.safetensors", policy)
+        st = save_policy(policy, d / f"{ck.stem}.safetensors")
         out[name] = (ck, st, to_checkpoint(st, d / "back"))
     return out
 
@@ -96,7 +96,7 @@ def test_exact_step_counts_past_float32_and_a_fractional_count(tmp_path):
         if key.endswith(C.NORM_STEPS):
             obj[C.CKPT_POLICY][key] = torch.tensor(big)
     torch.save(obj, tmp_path / ck.name)
-    st = save_policy(tmp_path / "big.safetensors", convert_checkpoint(tmp_path / ck.name).policy)
+    st = save_policy(convert_checkpoint(tmp_path / ck.name).policy, tmp_path / "big.safetensors")
     res = to_checkpoint(st, tmp_path / "out")
     back = torch.load(res.path, map_location="cpu", weights_only=True)[C.CKPT_POLICY]
     steps = back[C.NORM_PREFIX.format(i=0) + C.NORM_STEPS]

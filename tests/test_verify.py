@@ -347,7 +347,7 @@ def test_tampered_stored_divisor_fails_check_1(out):
     d = pol.tensors["obs.0.normalizer.divisor"].copy()
     d[3] = np.nextafter(np.nextafter(d[3], np.float32(9)), np.float32(9))
     pol.tensors["obs.0.normalizer.divisor"] = d
-    save_policy(p, pol)
+    save_policy(pol, p)
     r = invoke("verify", out, "--checkpoint", HUGGY, "--verify-dtype", "float32")
     assert r.exit_code == 1 and "obs.0.normalizer.divisor[3]" in r.stderr and "2 ulp" in r.stderr, r.stderr
 

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import contract as C
+from .. import torchcompat
 from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 LINEAR_WEIGHT, LINEAR_BIAS = "weight", "bias"
@@ -312,7 +313,7 @@ class Attention(Block):
         masks, embedded = [], []
         s = None
         if has_self:
-            p = mod.attention_self._parameters
+            p = torchcompat.module_params(mod.attention_self)
             s = silu(linear(f.h, p["weight"], p["bias"]))[:, None, :]
         for (name, m, size), lin in zip(ents, mod.entity_embeddings):
             x = f.feed[name]
@@ -322,11 +323,11 @@ class Attention(Block):
             x = x.to(cdt)
             if s is not None:
                 x = torch.cat([s.expand(-1, m, -1), x], dim=2)
-            p = lin._parameters
+            p = torchcompat.module_params(lin)
             embedded.append(silu(linear(x, p["weight"], p["bias"])))
         qkv = torch.cat(embedded, dim=1) if len(embedded) > 1 else embedded[0]
         mask = torch.cat(masks, dim=1) if len(masks) > 1 else masks[0]
-        fq, fk, fv, fo = (lin._parameters for lin in mod.attention)
+        fq, fk, fv, fo = (torchcompat.module_params(lin) for lin in mod.attention)
         y = _layer_norm(qkv)
         q, k, v = (linear(y, p["weight"], p["bias"]).reshape(-1, total, heads, d // heads).permute(0, 2, 1, 3)
                    for p in (fq, fk, fv))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import contract as C
+from .. import torchcompat
 from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
 
 
@@ -74,11 +75,11 @@ class Body(Block):
     def torch_row(self, module):
         import torch
 
-        addmv, silu_, name = torch.addmv, torch._C._nn.silu_, self.name  # silu_: F.silu(.., True)'s own kernel
+        addmv, silu_, name = torch.addmv, torchcompat.inplace_silu(), self.name  # silu_: F.silu(.., True)'s own kernel
 
         def row(mod, h):
             for lin in mod.fast[name][0]:
-                p = lin._parameters
+                p = torchcompat.module_params(lin)
                 h = silu_(addmv(p["bias"], p["weight"], h))
             return h
         return row
@@ -98,11 +99,11 @@ class Body(Block):
         h, inplace = f.h, f.inplace
         if f.vec:
             for lin in layers:
-                p = lin._parameters
+                p = torchcompat.module_params(lin)
                 h = silu(addmv(p["bias"], p["weight"], h))
         else:
             for lin in layers:
-                p = lin._parameters
+                p = torchcompat.module_params(lin)
                 h = silu(addmm(p["bias"], h, p["weight"].t()), inplace)
         f.h = h
 

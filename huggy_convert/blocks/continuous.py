@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from .. import contract as C
+from .. import torchcompat
 import numpy as np
 
 from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
@@ -125,7 +126,7 @@ class Continuous(Block):
 
         def row(mod, h):
             fast = mod.fast[name]
-            p = fast[0]._parameters
+            p = torchcompat.module_params(fast[0])
             return [_deterministic(fast, addmv(p["bias"], p["weight"], h)[None], True)]
         return row
 
@@ -137,7 +138,7 @@ class Continuous(Block):
 
         fast = mod.fast[self.name]
         mu_layer, sigma_layer = fast[:2]
-        mu_p = mu_layer._parameters
+        mu_p = torchcompat.module_params(mu_layer)
         if f.vec:  # Affine.apply_to's two forms, inline (a call costs ~1 us at batch 1)
             mu = torch.addmv(mu_p["bias"], mu_p["weight"], f.h)[None]
         else:

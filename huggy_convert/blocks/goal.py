@@ -24,6 +24,7 @@ from typing import Dict
 import numpy as np
 
 from .. import contract as C
+from .. import torchcompat
 from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
 from .body import observation_shapes, record_body
 
@@ -188,18 +189,18 @@ class Goal(Block):
         layers, net, goal_obs, view, addmm, bmm, cat, silu = f.module.fast[self.name]
         h = f.h
         for lin in layers:
-            p = lin._parameters
+            p = torchcompat.module_params(lin)
             h = silu(addmm(p["bias"], h, p["weight"].t()))
         goal = [f.encoded[i] for i in goal_obs]
         x = goal[0] if len(goal) == 1 else cat(goal, dim=1)
         if x.dtype != h.dtype:
             x = x.to(h.dtype)
         for lin in net[:2]:
-            p = lin._parameters
+            p = torchcompat.module_params(lin)
             x = silu(addmm(p["bias"], x, p["weight"].t()))
         c = x - x.mean(dim=-1, keepdim=True)
         x = c / ((c * c).mean(dim=-1, keepdim=True) + C.LAYER_NORM_EPS).sqrt()
-        p = net[2]._parameters
+        p = torchcompat.module_params(net[2])
         w = addmm(p["bias"], x, p["weight"].t()).view(view)
         f.h = silu(bmm(h.unsqueeze(1), w).squeeze(1) + f.module.hyper_bias)
 

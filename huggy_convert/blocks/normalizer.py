@@ -9,6 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
+from .. import torchcompat
 from ..errors import SpecError
 from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
@@ -144,7 +145,7 @@ class Normalizer(Block):
             for i, name in names:
                 encoded[i] = rows[i](mod, feed[name])
             return
-        ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, mod._buffers  # the pinned buffers (.to() swaps them)
+        ndt, cdt, bufs = mod.normalizer_dtype, mod.compute_dtype, torchcompat.module_buffers(mod)  # the pinned buffers (.to() swaps them)
         for j, (i, name) in enumerate(names):
             x = feed[name]
             if norm_keys:
@@ -264,7 +265,7 @@ def _normalize_inplace(keys):
         if keys is not None:
             if x.dtype != mod.normalizer_dtype:
                 x = x.to(mod.normalizer_dtype)
-            bufs = mod._buffers
+            bufs = torchcompat.module_buffers(mod)
             x = (x - bufs[keys[0]]).div_(bufs[keys[1]]).clamp_(-clip, clip)
         if x.dtype != mod.compute_dtype:
             x = x.to(mod.compute_dtype)

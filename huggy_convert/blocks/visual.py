@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import contract as C
+from .. import torchcompat
 from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
 
 W, B = "weight", "bias"
@@ -361,7 +362,7 @@ class Visual(Block):
                 elif op == "flatten":
                     h = h.reshape(-1, p.flat)
                 elif op == "dense":
-                    pd = dense._parameters
+                    pd = torchcompat.module_params(dense)
                     h = F.linear(h, pd["weight"], pd["bias"])
                 elif op == "relu":
                     h = torch.relu(h)

@@ -158,7 +158,12 @@ def save(policy: Policy, path) -> Path:
     return Path(path)
 
 
-def save_policy(path, policy: Policy) -> Path:
+def save_policy(policy: Policy, path) -> Path:
+    """``save`` under its public name: the policy first, the destination second, as every verb here and
+    safetensors' ``save_file(tensors, filename)``. The reversed order is refused before anything is written."""
+    if isinstance(policy, (str, os.PathLike)):
+        raise TypeError("save_policy(policy, path): the policy first, the destination second (the arguments "
+                        "came the other way round)")
     return save(policy, path)
 
 

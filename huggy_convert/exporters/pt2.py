@@ -9,9 +9,10 @@ checkpoints of one run. ``ProgramWriter(fast=True)`` (what a run-directory batch
 serializes the graph once per architecture and writes each archive with torch's own
 ``PT2ArchiveWriter`` and packaging functions: the same records in the same order as
 ``torch.export.save`` (checked byte for byte on the first policy of each architecture; any
-difference and that architecture falls back to ``torch.export.save``). No zip record is written
-by hand, and the files are verified only through ``torch.export.load`` and by comparing their bytes
-with what this writer gives for the policy read back from the ``.safetensors``.
+difference and that architecture falls back to ``torch.export.save``; so does a torch without those
+private steps: ``torchcompat.fast_pt2``). No zip record is written by hand, and the files are
+verified only through ``torch.export.load`` and by comparing their bytes with what this writer
+gives for the policy read back from the ``.safetensors``.
 ``benchmarks/batch.py --pt2`` measures the two ways side by side.
 
 The archive holds no source location (``exporters.torch_module.export_program`` drops the nodes'
@@ -26,6 +27,8 @@ import io
 import threading
 from contextlib import contextmanager
 from typing import Dict, List, Optional
+
+from .. import torchcompat
 
 
 class Gate:
@@ -137,15 +140,22 @@ class ProgramWriter:
             ep = export_program(module)  # without the nodes' stack traces: the same bytes from any install
             real = _save(ep)
             if self.fast:  # serialize the graph once; kept only if it gives torch.export.save's bytes
-                try:
-                    graph = _serialize_graph(ep)
-                    if _write(ep, graph) != real:
+                graph = None
+                fast = torchcompat.fast_pt2()  # None where this torch lacks the private steps
+                if fast is None:
+                    self.notes.append(f"{spec.family}: .pt2 written with torch.export.save (this torch has no "
+                                      "split writer)")
+                else:
+                    try:
+                        graph = (fast, fast.serialize_graph(ep))
+                        if fast.write(ep, graph[1]) != real:
+                            graph = None
+                            self.notes.append(f"{spec.family}: the graph serialized once did not reproduce "
+                                              "torch.export.save; every .pt2 written with torch.export.save")
+                    except Exception as exc:  # a torch whose packaging differs: the supported way only
                         graph = None
-                        self.notes.append(f"{spec.family}: the graph serialized once did not reproduce "
-                                          "torch.export.save; every .pt2 written with torch.export.save")
-                except Exception as exc:  # a torch whose packaging differs: the supported way only
-                    graph = None
-                    self.notes.append(f"{spec.family}: .pt2 written with torch.export.save ({type(exc).__name__})")
+                        self.notes.append(f"{spec.family}: .pt2 written with torch.export.save "
+                                          f"({type(exc).__name__})")
                 self._graphs[spec] = graph
             self._locks[spec] = threading.Lock()
             self._programs[spec] = ep
@@ -182,31 +192,7 @@ class ProgramWriter:
                     if k in sd and isinstance(v, torch.Tensor):
                         v.copy_(sd[k])
             graph = self._graphs.get(spec) if self.fast else None
-            return _save(ep) if graph is None else _write(ep, graph)
-
-
-def _serialize_graph(ep):
-    from torch._export.serde.serialize import serialize
-    from torch.export.pt2_archive import _package as P
-
-    return serialize(ep, None, P.DEFAULT_PICKLE_PROTOCOL, serialize_state_dict=False, serialize_constants=False)
-
-
-def _write(ep, graph) -> bytes:
-    """``torch.export.save(ep)``'s archive, the graph taken from ``graph`` (serialized once), written
-    by torch's own archive writer (torch.export.pt2_archive._package_exported_programs' steps)."""
-    from torch.export.pt2_archive import _package as P
-
-    name = "model"
-    buf = io.BytesIO()
-    with P.PT2ArchiveWriter(buf) as w:
-        P._package_payload_config(w, P._package_state_dict(name, ep, w, P.DEFAULT_PICKLE_PROTOCOL),
-                                  P.WEIGHTS_CONFIG_FILENAME_FORMAT.format(name))
-        P._package_payload_config(w, P._package_constants(name, ep, w, P.DEFAULT_PICKLE_PROTOCOL),
-                                  P.CONSTANTS_CONFIG_FILENAME_FORMAT.format(name))
-        w.write_bytes(P.MODELS_FILENAME_FORMAT.format(name), graph.exported_program)
-        w.write_bytes(P.SAMPLE_INPUTS_FILENAME_FORMAT.format(name), graph.example_inputs)
-    return buf.getvalue()
+            return _save(ep) if graph is None else graph[0].write(ep, graph[1])
 
 
 _DEFAULT = ProgramWriter()
@@ -230,16 +216,16 @@ def unsafe_reason(data: bytes) -> Optional[str]:
     them runs code. Allowed is what ``torch.export.save`` writes for a plain program: the fixed
     records, one model's JSON, raw weight and tensor-constant records named in their configs without
     pickles, and sample inputs that load weights-only. Read with torch's own
-    archive reader; nothing is unpickled but those sample inputs, weights-only."""
+    archive reader (``torchcompat.open_pt2``: ``zipfile`` where torch has none); nothing is unpickled
+    but those sample inputs, weights-only."""
     import json
-
-    from torch.export.pt2_archive import _package as P
 
     from ..converter.checkpoint import torch_load_weights_only
 
+    P = torchcompat.pt2_layout()
     try:
-        with P.PT2ArchiveReader(io.BytesIO(data)) as r:
-            names = set(r.get_file_names())
+        with torchcompat.open_pt2(data) as r:
+            names = r.names
             models = [n[len("models/"):-len(".json")] for n in names if n.startswith("models/") and n.endswith(".json")]
             if len(models) != 1:
                 return f"{len(models)} models in the archive (a plain torch.export.save holds one)"

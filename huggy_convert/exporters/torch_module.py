@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from .. import blocks
 from .. import contract as C
+from .. import torchcompat
 from ..converter import Policy
 from .devices import resolve_device, torch_dtype
 
@@ -51,7 +52,7 @@ class Affine(nn.Module):
         every traced graph, ``addmm``. It reads its own parameter dict: nn.Module's attribute lookup
         costs ~1 us a call, a tenth of Huggy's batch-1 forward over its four layers. Never cached:
         torch.export and ``.to()`` swap the tensors."""
-        p = self._parameters
+        p = torchcompat.module_params(self)
         if vec:
             return torch.addmv(p["bias"], p["weight"], h)
         return torch.addmm(p["bias"], h, p["weight"].t())
@@ -125,22 +126,59 @@ class PolicyModule(nn.Module):
 
     def pinned(self, name: str) -> torch.Tensor:
         """The pinned buffer ``name`` (read per call: ``.to()`` replaces it)."""
-        return self._buffers[name]
+        return torchcompat.module_buffers(self)[name]
 
     def pinned_dtypes(self) -> Dict[str, str]:
         """The pinned (normalizer) buffers and their dtypes, e.g. ``{'norm0_mean': 'float32'}``."""
         return {n: str(getattr(self, n).dtype).replace("torch.", "") for n in self._pinned_names}
 
-    # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest
-    def _apply(self, fn, recurse=True):
+    # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest: every conversion goes
+    # through nn.Module._apply (a private hook); where a torch does not route them there
+    # (torchcompat.MODULE_APPLY), the public conversions below do the same around their own call
+    def _keeping_pinned(self, convert):
         saved = {n: getattr(self, n) for n in self._pinned_names}
-        super()._apply(fn, recurse)
+        convert()
         for n, old in saved.items():
             moved = getattr(self, n)
             self.register_buffer(n, old.to(device=moved.device, dtype=self.normalizer_dtype))
         # the compute dtype is the weights' (.half() / .to(float64) cast them): what the normalized input is cast to
         self.compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), self.compute_dtype)
         return self
+
+    def _apply(self, fn, recurse=True):
+        apply = super()._apply
+        if not torchcompat.available(torchcompat.MODULE_APPLY):
+            return apply(fn, recurse)  # as a torch that never calls this hook: the public conversions pin
+        return self._keeping_pinned(lambda: apply(fn, recurse))
+
+    def _public(self, method, *args, **kwargs):
+        if torchcompat.available(torchcompat.MODULE_APPLY):
+            return method(*args, **kwargs)  # _apply pins
+        return self._keeping_pinned(lambda: method(*args, **kwargs))
+
+    def to(self, *args, **kwargs):
+        return self._public(super().to, *args, **kwargs)
+
+    def cpu(self):
+        return self._public(super().cpu)
+
+    def cuda(self, device=None):
+        return self._public(super().cuda, device)
+
+    def type(self, dst_type):
+        return self._public(super().type, dst_type)
+
+    def float(self):
+        return self._public(super().float)
+
+    def double(self):
+        return self._public(super().double)
+
+    def half(self):
+        return self._public(super().half)
+
+    def bfloat16(self):
+        return self._public(super().bfloat16)
 
     @property
     def input_names(self) -> List[str]:

@@ -283,7 +283,7 @@ class Matrix:
 
         p = self.file(f"{self.ck.stem}.safetensors")
         if not p.is_file():
-            save_policy(p, self.main.policy)
+            save_policy(self.main.policy, p)
         return p
 
     def exported(self, opset: int, ck: Optional[Path] = None, noise: bool = False):

@@ -365,6 +365,20 @@ def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.n
     return out
 
 
+def obs_feed(spec: PolicySpec, obs, path=None) -> Dict[str, np.ndarray]:
+    """Observations given in memory, checked as an observation file's are: a dict by input name (masks and
+    memories may come with them), one array per observation (a list or tuple of arrays), or one array of
+    rows of the observations' concatenation; one row may come without its batch axis."""
+    if isinstance(obs, dict):
+        return _named(spec, obs, path)
+    if isinstance(obs, (list, tuple)) and obs and all(isinstance(o, np.ndarray) for o in obs):
+        if len(obs) != spec.obs_count:
+            raise InputError(f"{len(obs)} observation arrays for a policy of {spec.obs_count} observations "
+                             f"({', '.join(spec.input_names()[:spec.obs_count])})", path)
+        return _named(spec, {C.OBS_INPUT.format(i=i): o for i, o in enumerate(obs)}, path)
+    return _split_flat(spec, obs, path)
+
+
 def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
     """.npy (rows x obs width; several observations: their concatenation), .npz (arrays by input
     name) or .json (a list of rows, or an object by input name)."""

@@ -1,0 +1,274 @@
+"""The public Python API: convert, verify, load a policy, act and sample with memory, write a checkpoint back.
+
+One argument order everywhere: the thing first, the destination second, as safetensors' verbs
+(``save_file(tensors, filename)``): ``convert(source, out)``, ``save_policy(policy, path)``,
+``to_checkpoint(policy, out)``. Every function is a thin layer over the stages the command line uses
+(``pipeline.convert_one``, ``pipeline.verify_dir``, ``pipeline.to_checkpoint``, ``modes.sources`` and the
+``runtime`` runners): the same files, the same verdicts. Errors are ``huggy_convert.errors.HuggyError``
+(``InputError``, ``CheckpointError``, ...), each one sentence naming the file.
+
+The examples run as tests (``tests/test_api.py``) from the repository root, on the bundled fixtures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import contract as C
+from .converter import Policy, PolicySpec
+
+__all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
+
+
+def _verify_options(options: dict):
+    from .verify import VerifyOptions
+
+    return VerifyOptions(**options) if options else None
+
+
+def convert(source, out, *, opset: int = C.ONNX_OPSET_DEFAULT, reference=None, divisor: str = "auto",
+            obs_sizes: Optional[Sequence[int]] = None, program: bool = True, verify: bool = True,
+            **verify_options):
+    """Convert one checkpoint (``.pt``) or ML-Agents ``.onnx`` into ``out/<stem>.{safetensors,onnx,pt2}``,
+    then verify the files written: what ``huggy-convert SOURCE OUT/`` does (``pipeline.convert_one``).
+
+    ``reference``: the official ONNX (default: ``<stem>.onnx`` beside the source); ``divisor``: ``auto``
+    adopts an official divisor within 1 ulp of IEEE, ``ieee`` never; ``program``: write the ``.pt2``;
+    ``verify_options``: ``VerifyOptions`` fields (``rows``, ``seed``, ``devices``, ``atol``, ...).
+    Returns a ``ConvertResult``: ``.ok``, ``.artifacts`` (kind -> path, sha256), ``.report``.
+
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> result = convert("fixtures/variants/small/Small/Small-4157.pt", out)
+    >>> result.ok, result.report.verdict
+    (True, 'PASS')
+    >>> sorted(result.artifacts)
+    ['golden', 'onnx', 'pt2', 'report', 'safetensors']
+    >>> Path(result.artifacts["safetensors"]["path"]).name
+    'Small-4157.safetensors'
+    """
+    from .pipeline import ConvertOptions, convert_one
+
+    options = ConvertOptions(opset=opset, obs_sizes=obs_sizes, reference=Path(reference) if reference else None,
+                             divisor=divisor, verify=verify, program=program,
+                             verify_options=_verify_options(verify_options))
+    return convert_one(source, out, options)
+
+
+def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool = False, **verify_options) -> list:
+    """Re-verify converted files, as ``huggy-convert verify OUT/`` does (``pipeline.verify_dir``; not named
+    ``verify``: that is the ``huggy_convert.verify`` stage's package): every set
+    under the folder ``out``, or the one set of a ``.safetensors`` file. Each set's files are read back and
+    rebuilt from the ``.safetensors`` and compared byte for byte, each source found again by its recorded
+    sha256 re-runs checks 1-2, and each set's ``<stem>.verify.json`` is rewritten.
+
+    Returns one ``Report`` per set (``.ok``, ``.verdict``, ``.first_failure()``).
+
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> result = convert("fixtures/variants/small/Small/Small-4157.pt", out, program=False)
+    >>> [report.verdict for report in verify_files(out)]
+    ['PASS']
+    >>> [report.ok for report in verify_files(result.artifacts["safetensors"]["path"])]
+    [True]
+    """
+    from .pipeline import verify_dir
+
+    p, stem = Path(out), None
+    if p.suffix == ".safetensors" and p.is_file():
+        p, stem = p.parent, p.stem
+    return verify_dir(p, reference=reference, checkpoint=checkpoint, options=_verify_options(verify_options),
+                      stem=stem, require_complete=require_complete)
+
+
+@dataclass
+class Actions:
+    """What a policy did for a batch of observations: ``continuous`` (float32 [rows, actions]) and
+    ``discrete`` (int64 [rows, branches]), None where the policy has no such head; ``outputs``: every
+    output the runtime gave, by its ONNX name."""
+
+    continuous: Optional[np.ndarray]
+    discrete: Optional[np.ndarray]
+    outputs: Dict[str, np.ndarray]
+
+
+class Session:
+    """A policy ready to act: its canonical tensors (``policy``, ``spec``, ``tensors``, ``metadata``) and a
+    runtime (``runner``: torch for a checkpoint or ``.safetensors``, onnxruntime for an ``.onnx``).
+
+    ``act`` and ``sample`` take observations as one array of rows (the observations' concatenation), one
+    array per observation, or a dict by input name; one row may come without its batch axis. A policy with
+    memory (LSTM) returns its next state with the actions: pass it back in on the next step (None: zeros,
+    the start of an episode). A policy without memory returns None as its state."""
+
+    def __init__(self, source, runner):
+        self._source, self.runner = source, runner
+
+    @property
+    def path(self) -> Path:
+        return self._source.path
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self._source.spec
+
+    @property
+    def policy(self) -> Optional[Policy]:
+        """The canonical policy (None for an ONNX whose tensors could not be recovered)."""
+        return self._source.policy
+
+    @property
+    def tensors(self) -> Dict[str, np.ndarray]:
+        self._source.require_tensors("the tensors")
+        return self._source.policy.tensors
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        self._source.require_tensors("the metadata")
+        return self._source.policy.metadata
+
+    def initial_state(self, rows: int = 1) -> Optional[np.ndarray]:
+        """The memory at the start of an episode: zeros [rows, 1, memory_size], or None without memory."""
+        return np.zeros((rows, 1, self.spec.memory_size), np.float32) if self.spec.memory_size else None
+
+    def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
+        from .modes.sources import obs_feed
+        from .runtime import complete_feed
+
+        feed = obs_feed(self.spec, obs)
+        extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
+        extra = {k: v for k, v in extra.items() if v is not None}
+        if extra:  # checked with the observations: names, widths, one number of rows
+            feed = obs_feed(self.spec, dict(feed, **extra))
+        return complete_feed(self.spec, feed)
+
+    def _state(self, out: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
+        return out[C.RECURRENT_OUT] if self.spec.memory_size else None
+
+    def act(self, obs, state: Optional[np.ndarray] = None, *,
+            action_masks: Optional[np.ndarray] = None) -> Tuple[Actions, Optional[np.ndarray]]:
+        """The deterministic actions for ``obs`` and the next memory state.
+
+        >>> import numpy as np
+        >>> session = load_policy("fixtures/variants/small/Small/Small-4157.pt")
+        >>> actions, state = session.act(np.zeros((4, 12), np.float32))
+        >>> actions.continuous.shape, actions.continuous.dtype, actions.discrete, state
+        ((4, 3), dtype('float32'), None, None)
+        >>> bool(np.all(np.abs(actions.continuous) <= 1))  # clamp(mu, -3, 3) / 3
+        True
+
+        With memory, the state goes from one step to the next:
+
+        >>> lstm = load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.pt")
+        >>> obs = np.ones((1, 8), np.float32)
+        >>> a1, state = lstm.act(obs)  # state=None: an episode's start
+        >>> state.shape, state.dtype
+        ((1, 1, 16), dtype('float32'))
+        >>> a2, state2 = lstm.act(obs, state)
+        >>> np.array_equal(lstm.act(obs, lstm.initial_state())[1], state)  # None means zeros
+        True
+        >>> bool(np.array_equal(state2, state))  # the memory moved on
+        False
+        """
+        out = self.runner.infer(self._feed(obs, state, action_masks))
+        return Actions(out.get(C.OUT_CONT_DET), out.get(C.OUT_DISC_DET), out), self._state(out)
+
+    def sample(self, obs, state: Optional[np.ndarray] = None, *, seed: int = 0,
+               action_masks: Optional[np.ndarray] = None) -> Tuple[Actions, Optional[np.ndarray]]:
+        """Stochastic actions for ``obs`` with noise drawn on the CPU from ``seed`` (one seed, one sample
+        on every device and runtime), and the next memory state (the noise does not touch it).
+
+        >>> import numpy as np
+        >>> lstm = load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.pt")
+        >>> obs = np.ones((2, 8), np.float32)
+        >>> a, state = lstm.sample(obs, seed=1)
+        >>> a.continuous.shape, state.shape
+        ((2, 2), (2, 1, 16))
+        >>> np.array_equal(lstm.sample(obs, seed=1)[0].continuous, a.continuous)
+        True
+        >>> np.array_equal(lstm.act(obs)[1], state)
+        True
+        >>> discrete = load_policy("fixtures/variants/discrete/Discrete/Discrete-4101.pt")
+        >>> a, _ = discrete.sample(np.zeros(9, np.float32), seed=3)  # one row without its batch axis
+        >>> a.discrete.shape, a.discrete.dtype
+        ((1, 2), dtype('int64'))
+        """
+        feed = self._feed(obs, state, action_masks)
+        out = self.runner.sample(feed, seed)
+        next_state = self._state(self.runner.infer(feed)) if self.spec.memory_size else None
+        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), next_state
+
+    def __repr__(self) -> str:
+        return f"Session({str(self.path)!r}, {self.spec.family!r}, {self.runner.label})"
+
+
+def load_policy(path, *, runtime: str = "auto", device: str = "cpu", dtype: str = "float32") -> Session:
+    """A policy ready to act: a ``.safetensors`` this tool wrote, a ``.pt`` checkpoint (its divisors decided
+    as a conversion decides them), an ML-Agents ``.onnx`` or a run directory (its newest checkpoint).
+
+    ``runtime``: ``torch`` (a ``PolicyModule``; ``device`` cpu / cuda / npu, ``dtype`` float32 / float16 /
+    bfloat16), ``onnxruntime``, or ``auto`` (onnxruntime for an ``.onnx``, else torch).
+
+    >>> session = load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.pt")
+    >>> session.spec.obs_sizes, session.spec.continuous_size, session.spec.memory_size
+    ((8,), 2, 16)
+    >>> session.runner.runtime
+    'torch'
+    >>> load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.onnx").runner.runtime
+    'onnxruntime'
+    """
+    from .modes.sources import load_source, make_runner
+
+    src = load_source(path)
+    return Session(src, make_runner(src, device, dtype, runtime))
+
+
+def _policy_of(policy) -> Policy:
+    if isinstance(policy, Session):
+        policy._source.require_tensors("writing the policy")
+        return policy.policy
+    return policy
+
+
+def save_policy(policy, path) -> Path:
+    """Write ``policy`` (a ``Session`` or a canonical ``Policy``) as the canonical ``.safetensors`` at
+    ``path`` (atomically; the same policy, the same bytes). Returns the path.
+
+    >>> import tempfile
+    >>> session = load_policy("fixtures/variants/small/Small/Small-4157.pt")
+    >>> path = save_policy(session, Path(tempfile.mkdtemp()) / "small.safetensors")
+    >>> load_policy(path).spec == session.spec
+    True
+    >>> save_policy(path, session)
+    Traceback (most recent call last):
+    ...
+    TypeError: save_policy(policy, path): the policy first, the destination second (the arguments came the other way round)
+    """
+    from .converter.policy_file import save_policy as save
+
+    return save(_policy_of(policy), path)  # a path first is refused there, with the sentence that says why
+
+
+def to_checkpoint(policy, out, *, global_step: Optional[int] = None):
+    """Write ``policy`` (a ``Session``, a canonical ``Policy`` or a ``.safetensors`` path) back as
+    ML-Agents' ``out/checkpoint.pt``, which ``mlagents-learn --initialize-from`` takes, then read it back
+    with this tool's own reader (``pipeline.to_checkpoint``). ``global_step``: default, the step recorded.
+
+    Returns a ``ToCheckpointResult``: ``.ok`` (the same spec, every tensor bitwise, the step), ``.path``.
+
+    >>> import tempfile
+    >>> session = load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.pt")
+    >>> result = to_checkpoint(session, tempfile.mkdtemp())
+    >>> result.ok, result.path.name, result.global_step
+    (True, 'checkpoint.pt', 4108)
+    >>> load_policy(result.path).spec == session.spec
+    True
+    """
+    from .pipeline import to_checkpoint as write
+
+    if isinstance(policy, (str, Path)) and Path(policy).suffix != ".safetensors":
+        policy = load_policy(policy)
+    return write(_policy_of(policy), out, global_step)
