@@ -51,7 +51,7 @@ COMMANDS = {
 # what legitimately differs between two runs on the same console: timings (seconds, latencies); the
 # files holding them are compared without them
 # what differs per run: timings, and the reports' hashes (a report records where its sources were)
-TIMINGS = {"seconds", "ms_per_checkpoint", "total_s", "report_sha256"}
+TIMINGS = {"seconds", "ms_per_checkpoint", "total_s", "timings", "report_sha256"}
 
 DRIVER = r"""
 import json, os, sys
