@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import contract as C
-from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
+from ..core.bounds import Linear, affine, swish
+from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
+from .base import ENCODE, Block, KeyRules
 
 
 class Body(Block):
@@ -107,14 +109,10 @@ class Body(Block):
         f.h = h
 
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         T = policy.tensors
         return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)]
 
     def reference_encode(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import affine, swish
-
         p = r.precision
         for lin in w:
             r.h = swish(affine(r.h, lin, r.bounds, p=p), p)

@@ -23,9 +23,16 @@ alone (``EXPORT_GATE.exclusive()``) while a batch's workers hold ``EXPORT_GATE.s
 from __future__ import annotations
 
 import io
+import json
 import threading
 from contextlib import contextmanager
 from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..converter.checkpoint import torch_load_weights_only
+from ..core.numerics import same_arrays
+from .torch_module import build_module, export_program
 
 
 class Gate:
@@ -92,12 +99,8 @@ def _save(ep) -> bytes:
 
 
 def _same_tensors(kept, tensors) -> bool:
-    """``numerics.same_arrays``, never an array compared with itself or a view of it (a policy changed in
+    """``core.numerics.same_arrays``, never an array compared with itself or a view of it (a policy changed in
     place since would compare equal to what it was)."""
-    import numpy as np
-
-    from ..numerics import same_arrays
-
     return not any(np.may_share_memory(kept[k], v) for k, v in tensors.items() if k in kept) \
         and same_arrays(kept, tensors)
 
@@ -126,8 +129,6 @@ class ProgramWriter:
     def _trace(self, policy, module) -> Optional[bytes]:
         """Trace the architecture of ``policy`` if it is new (alone: torch.export is not thread-safe);
         returns the first policy's bytes when this call traced, else None."""
-        from .torch_module import export_program
-
         spec = policy.spec
         if spec in self._programs:
             return None
@@ -164,8 +165,6 @@ class ProgramWriter:
 
     def _program_bytes(self, policy) -> bytes:
         import torch
-
-        from .torch_module import build_module
 
         module = build_module(policy, "cpu", "float32")
         first = self._trace(policy, module)
@@ -231,11 +230,7 @@ def unsafe_reason(data: bytes) -> Optional[str]:
     records, one model's JSON, raw weight and tensor-constant records named in their configs without
     pickles, and sample inputs that load weights-only. Read with torch's own
     archive reader; nothing is unpickled but those sample inputs, weights-only."""
-    import json
-
     from torch.export.pt2_archive import _package as P
-
-    from ..converter.checkpoint import torch_load_weights_only
 
     try:
         with P.PT2ArchiveReader(io.BytesIO(data)) as r:
