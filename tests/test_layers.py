@@ -11,7 +11,10 @@ API on top, run first by any import of the package).
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
@@ -352,3 +355,16 @@ def test_a_function_local_import_is_found(tmp_path):
     got = function_local(modules, found, "toy")
     assert len(got) == 2 and "toy.a:4 -> json" in got[0] and "toy.a:5 -> toy.b" in got[1]
     assert function_local(modules, found, "toy", exempt={"a.py"}) == []
+
+
+def test_a_spec_has_its_blocks_whatever_is_imported_first():
+    """core.spec never imports the blocks; the registry binds itself when the package is imported
+    (``huggy_convert/__init__`` imports the converter, which imports the blocks). A fresh interpreter
+    that imports nothing but the spec gets its ports and parameter count (and no torch, no onnx)."""
+    code = ("import sys\nfrom huggy_convert.core.spec import PolicySpec\n"
+            "s = PolicySpec('ppo', (59,), True, 512, 3, 21)\n"
+            "print(s.parameter_count(), s.encoded_width, s.input_names(), 'torch' in sys.modules, 'onnx' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-800:]
+    assert r.stdout.split() == ["566826", "59", "['obs_0']", "False", "False"]

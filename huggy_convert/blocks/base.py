@@ -133,16 +133,16 @@ class Block:
         """This block's outputs: deterministic ones, or sampled ones when ``f.sampling``."""
         return []
 
-    # --- the float64 reference with error bounds (verify.bounds) ------------------------------
+    # --- the float64 reference with error bounds (verify.bounds.Float64Policy, core.bounds) ---
     def reference_init(self, policy) -> Any:
-        """This block's weights in float64 (``bounds.Linear``...), prepared once per policy."""
+        """This block's weights in float64 (``core.bounds.Linear``...), prepared once per policy."""
         return None
 
     def reference_observe(self, r: "ReferenceFlow", w) -> None:
-        """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+        """OBSERVE blocks: ``r.encoded[i]`` (a ``core.bounds.Bounded``) for each of its observations."""
 
     def reference_append(self, r: "ReferenceFlow", w):
-        """OBSERVE blocks: as ``onnx_append``, a ``bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
+        """OBSERVE blocks: as ``onnx_append``, a ``core.bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
         return None
 
     def reference_encode(self, r: "ReferenceFlow", w) -> None:

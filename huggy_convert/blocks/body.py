@@ -90,7 +90,7 @@ class Body(Block):
         ``Affine.apply_to`` forms) and one Swish kernel, ``F.silu`` (in place with autograd off: the
         same kernel, the same bits). ``silu`` computes ``z / (1 + exp(-z))``: three float32 roundings
         (exp, add, div), ~3 u relative, inside the Sigmoid + Mul bound the float64 reference derives
-        (``verify.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
+        (``core.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
         check element-wise."""
         mod = f.module
         if f.vec and f.inplace:  # the eager one-row form (torch_row)

@@ -186,7 +186,7 @@ class Goal(Block):
     def torch_encode(self, f: TorchFlow) -> None:
         """The regular layers as the MLP body runs them (``addmm`` + ``F.silu``); the hypernetwork the
         same, its LayerNorm in ML-Agents' form (mean, ``x - mean``, its square's mean, ``+ eps``,
-        sqrt, division: the rounding steps ``verify.bounds.layer_norm`` bounds), the generated layer
+        sqrt, division: the rounding steps ``core.bounds.layer_norm`` bounds), the generated layer
         one ``bmm`` of each row with its own weight, plus the bias."""
         layers, net, goal_obs, view, addmm, bmm, cat, silu = f.module.fast[self.name]
         h = f.h

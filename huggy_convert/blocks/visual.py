@@ -380,7 +380,7 @@ class Visual(Block):
         return out
 
     def reference_observe(self, r: ReferenceFlow, w) -> None:
-        """The images are float32 and exact; each op's bound is ``verify.bounds``' (``conv2d``,
+        """The images are float32 and exact; each op's bound is ``core.bounds``' (``conv2d``,
         ``max_pool``, ``leaky_relu``, ``relu``, ``swish``, ``add``, ``affine``)."""
         b, pr = r.bounds, r.precision
         for i, p, lins, dense in w:

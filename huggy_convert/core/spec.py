@@ -41,7 +41,8 @@ _ARCHITECTURE: Optional[Architecture] = None
 
 
 def bind_architecture(arch: Architecture) -> None:
-    """Called by ``huggy_convert.blocks`` when it is imported (the package's ``__init__`` imports it first)."""
+    """Called by ``huggy_convert.blocks`` when it is imported: ``huggy_convert/__init__`` imports the
+    converter, which imports the blocks, so any import of the package has them bound."""
     global _ARCHITECTURE
     _ARCHITECTURE = arch
 
