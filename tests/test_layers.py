@@ -84,7 +84,7 @@ DEFERRED = {
 # held to the rule; the lead empties this set as they merge. Cycles and climbing imports are checked
 # everywhere, these files included.
 NOT_YET_LOCAL: Set[str] = {"cli.py", "batch.py", "deployed.py", "rundir.py", "workers.py", "modes/commands.py",
-                           "modes/__init__.py"}
+                           "modes/__init__.py", "cli/", "batch/"}  # a name ending in / : every file under it
 
 
 def _modules(package: Path) -> Dict[str, Tuple[Path, bool]]:
@@ -246,7 +246,8 @@ def function_local(modules, found: Iterable[Import], root: str = PKG, exempt: Se
     of the standard library not named there (the files in ``exempt`` excepted)."""
     out = []
     for imp in found:
-        if not imp.local or modules[imp.source][0].relative_to(modules[root][0].parent).as_posix() in exempt:
+        rel = modules[imp.source][0].relative_to(modules[root][0].parent).as_posix()
+        if not imp.local or any(rel == e or (e.endswith("/") and rel.startswith(e)) for e in exempt):
             continue
         if _ours(imp.target, root):
             out.append(f"{imp!r}: a package module (import it at module level)")
@@ -351,10 +352,13 @@ def test_a_function_local_import_is_found(tmp_path):
     modules, found = _toy(tmp_path, {
         "a.py": "import os\ndef f():\n    import torch\n    import json\n    from . import b\n    return os\n",
         "b.py": "x = 1\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "def g():\n    import json\n",
     })
     got = function_local(modules, found, "toy")
-    assert len(got) == 2 and "toy.a:4 -> json" in got[0] and "toy.a:5 -> toy.b" in got[1]
-    assert function_local(modules, found, "toy", exempt={"a.py"}) == []
+    assert len(got) == 3 and "toy.a:4 -> json" in got[0] and "toy.a:5 -> toy.b" in got[1] and "toy.sub.c:2" in got[2]
+    assert function_local(modules, found, "toy", exempt={"a.py"}) == got[2:]
+    assert function_local(modules, found, "toy", exempt={"sub/", "a/"}) == got[:2]
 
 
 def test_a_spec_has_its_blocks_whatever_is_imported_first():
