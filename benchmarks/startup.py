@@ -104,7 +104,8 @@ def child(args) -> None:
     totals["import torch, onnx, onnxruntime, safetensors, click"] = time.perf_counter() - t
     t = time.perf_counter()
     from huggy_convert import cli
-    from huggy_convert import artifacts, pipeline  # noqa: F401
+    from huggy_convert import pipeline  # noqa: F401
+    from huggy_convert.core import artifacts  # noqa: F401
     from huggy_convert.converter import checkpoint, reference
     from huggy_convert.exporters import pt2, registry, torch_module
     from huggy_convert.runtime import ort, torch_runners

@@ -13,19 +13,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import contract as C
-from .converter import Policy, PolicySpec
+from .converter.policy_file import save_policy as _save_policy
+from .core.policy import Policy
+from .core.spec import PolicySpec
+from .modes.sources import load_source, make_runner, obs_feed
+from .pipeline import ConvertOptions, convert_one, verify_dir
+from .pipeline import to_checkpoint as _to_checkpoint
+from .runtime import complete_feed
+from .verify import VerifyOptions
 
 __all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
 
 
 def _verify_options(options: dict):
-    from .verify import VerifyOptions
-
     return VerifyOptions(**options) if options else None
 
 
@@ -50,8 +55,6 @@ def convert(source, out, *, opset: int = C.ONNX_OPSET_DEFAULT, reference=None, d
     >>> Path(result.artifacts["safetensors"]["path"]).name
     'Small-4157.safetensors'
     """
-    from .pipeline import ConvertOptions, convert_one
-
     options = ConvertOptions(opset=opset, obs_sizes=obs_sizes, reference=Path(reference) if reference else None,
                              divisor=divisor, verify=verify, program=program,
                              verify_options=_verify_options(verify_options))
@@ -75,8 +78,6 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     >>> [report.ok for report in verify_files(result.artifacts["safetensors"]["path"])]
     [True]
     """
-    from .pipeline import verify_dir
-
     p, stem = Path(out), None
     if p.suffix == ".safetensors" and p.is_file():
         p, stem = p.parent, p.stem
@@ -135,9 +136,6 @@ class Session:
         return np.zeros((rows, 1, self.spec.memory_size), np.float32) if self.spec.memory_size else None
 
     def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
-        from .modes.sources import obs_feed
-        from .runtime import complete_feed
-
         feed = obs_feed(self.spec, obs)
         extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
         extra = {k: v for k, v in extra.items() if v is not None}
@@ -220,8 +218,6 @@ def load_policy(path, *, runtime: str = "auto", device: str = "cpu", dtype: str 
     >>> load_policy("fixtures/variants/lstm/Lstm/Lstm-4108.onnx").runner.runtime
     'onnxruntime'
     """
-    from .modes.sources import load_source, make_runner
-
     src = load_source(path)
     return Session(src, make_runner(src, device, dtype, runtime))
 
@@ -247,9 +243,7 @@ def save_policy(policy, path) -> Path:
     ...
     TypeError: save_policy(policy, path): the policy first, the destination second (the arguments came the other way round)
     """
-    from .converter.policy_file import save_policy as save
-
-    return save(_policy_of(policy), path)  # a path first is refused there, with the sentence that says why
+    return _save_policy(_policy_of(policy), path)  # a path first is refused there, with the sentence that says why
 
 
 def to_checkpoint(policy, out, *, global_step: Optional[int] = None):
@@ -267,8 +261,6 @@ def to_checkpoint(policy, out, *, global_step: Optional[int] = None):
     >>> load_policy(result.path).spec == session.spec
     True
     """
-    from .pipeline import to_checkpoint as write
-
     if isinstance(policy, (str, Path)) and Path(policy).suffix != ".safetensors":
         policy = load_policy(policy)
-    return write(_policy_of(policy), out, global_step)
+    return _to_checkpoint(_policy_of(policy), out, global_step)

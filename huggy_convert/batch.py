@@ -95,14 +95,13 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
-from . import __version__
 from . import contract as C
-from .artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
-from .converter import atomic_write_bytes
 from .converter.reference import describe as describe_divisor
-from .converter.checkpoint import read_input_file
 from .converter.reference import divisor_record
-from . import torchcompat
+from .core import torchcompat
+from .core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
+from .core.files import atomic_write_bytes, read_input_file
+from .core.version import __version__
 from .deployed import FAILING as DEPLOYED_FAILING
 from .deployed import check_deployed
 from .deployed import describe as describe_deployed
@@ -915,7 +914,7 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
 
 
 def _safetensors_path(folder_stem) -> Path:
-    from .artifacts import SAFETENSORS, ArtifactSet
+    from .core.artifacts import SAFETENSORS, ArtifactSet
 
     folder, stem = folder_stem
     return ArtifactSet(folder, stem).path(SAFETENSORS)

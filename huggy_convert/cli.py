@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from .core.version import __version__
 from . import contract as C
 from .console import show_verdict
 from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
@@ -189,7 +189,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
             step = s['training_step'] if s['training_step'] is not None else "unknown"
             click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {step}")
             if s.get("recovered_from"):
-                from .converter.from_onnx import describe_recovered
+                from .importers.from_onnx import describe_recovered
 
                 click.echo(f"  {describe_recovered(s['recovered_from'])}")
             if s.get("divisor"):

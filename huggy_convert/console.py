@@ -25,6 +25,7 @@ import errno
 import os
 import sys
 from typing import Iterator, Optional
+from .errors import from_foreign
 
 ERRORS = "huggy-console"  # the codec error handler's name (codecs.register_error)
 
@@ -171,7 +172,6 @@ def show_verdict(show, code: int) -> int:
     try:
         show()
     except Exception as e:  # noqa: BLE001 - the verdict stands; the display is what failed
-        from .errors import from_foreign
 
         sys.stdout.flush()
         sys.stderr.write(f"huggy-convert: warning: the result could not be printed in full: "

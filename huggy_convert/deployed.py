@@ -25,8 +25,8 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
 from . import contract as C
-from .artifacts import ONNX, SAFETENSORS, SUFFIXES
-from .converter.checkpoint import read_input_file
+from .core.artifacts import ONNX, SAFETENSORS, SUFFIXES
+from .core.files import read_input_file
 from .errors import HuggyError, from_foreign
 from .rundir import Deployed, Item
 

@@ -6,24 +6,36 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import onnx
 
 from . import contract as C
-from .artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet, clean_stale_temporaries,
-                        locked, make_dirs, sha256_bytes)
-from .converter import Checkpoint, Conversion, is_onnx_source, load_checkpoint, policy_from_checkpoint, read_source
-from .converter.reference import describe as describe_divisor
+from .converter import Checkpoint, Conversion, load_checkpoint, load_policy, policy_from_checkpoint
+from .converter.mapping import map_policy_as
+from .converter.reference import describe as describe_divisor, read_onnx
 from .converter.reference import divisor_record, goal_obs_from_reference
-from .errors import InputError
+from .converter.state_dict import checkpoint_bytes, checkpoint_dict
+from .core.artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet,
+                             clean_stale_temporaries, locked, make_dirs, sha256_bytes)
+from .core.files import atomic_write_bytes
+from .core.policy import Policy
+from .core.spec import PolicySpec
+from .errors import HuggyError, InputError
+from .exporters.atc import atc_plan
 from .exporters.pt2 import ProgramWriter
 from .exporters.registry import EXPORTERS
-
+from .importers import is_onnx_source, read_source
+from .verify import Reference, VerifyOptions, verify, write_report
+from .verify.engine import (check_devices, check_tolerance_outputs, locate_source, named_tolerances, read_record,
+                            report_bytes, source_record)
 
 
 @dataclass
@@ -85,7 +97,6 @@ class ConvertResult:
         a = self.artifacts.get(ONNX)
         if a is None:
             return None
-        from .exporters.atc import atc_plan
 
         return atc_plan(onnx.load(a["path"]), a["path"], self.conversion.policy.spec)
 
@@ -125,8 +136,6 @@ def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto])
 
 def read_reference(path: Path):
     """(the official ONNX, its sha256), the file read once."""
-    from .converter.reference import read_onnx
-
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise InputError("reference ONNX not found", path)
@@ -149,8 +158,6 @@ class Prepared:
 
     @property
     def divisor(self) -> Dict[str, object]:
-        from .converter import divisor_record
-
         return divisor_record(self.conversion.policy)
 
 
@@ -212,16 +219,12 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     checks its options against all its policies before it starts, and passes False).
     The report records the files written and the sources read (``Report.recorded``), so that
     ``verify OUT/`` checks them all and re-runs checks 1-2 while the sources are still there."""
-    from .verify.engine import check_devices, check_tolerance_outputs, source_record
-    from .verify import Reference, VerifyOptions, verify
-    from .verify.engine import report_bytes
-
     t0 = time.perf_counter()
     o = options or ConvertOptions()
     if o.verify:
         check_devices(getattr(profile or o.verify_options, "devices", None))
     src = Path(source)
-    ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (converter.from_onnx)
+    ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (importers.from_onnx)
     prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
                               o.divisor)
     conv, official, reference = prep.conversion, prep.official, prep.reference
@@ -251,7 +254,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
                          written_bytes=wrote)
             wrote = None
             if ckpt.recovered is not None:
-                rep.notes.insert(0, f"the policy was recovered from {src.name} (converter.from_onnx): verified against "
+                rep.notes.insert(0, f"the policy was recovered from {src.name} (importers.from_onnx): verified against "
                                     f"{reference.name if reference else 'no official ONNX'} as the official file")
             elif official is None:
                 rep.notes.insert(0, f"no official ONNX found beside {src.name} "
@@ -295,8 +298,6 @@ def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint, and
     warnings. A tolerance option naming an output of none of the sets is refused here, before any report
     is rewritten (``verify.engine.check_tolerance_outputs``; one naming an output of some: a warning)."""
-    from .verify.engine import check_devices, check_tolerance_outputs, named_tolerances
-
     check_devices(getattr(options, "devices", None))
     out = Path(out_dir)
     if not out.is_dir():
@@ -337,12 +338,6 @@ def _subject(out: Path, folder: Path, stem: str) -> str:
 
 def _spec_of(path: Path):
     """The spec a canonical file's metadata states (its header only), or None where it does not read."""
-    import json
-    import struct
-
-    from .converter import PolicySpec
-    from .errors import HuggyError
-
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
@@ -360,8 +355,6 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
     (``verify.engine.locate_source``: relative to the set's folder, then the absolute path), and for
     each of checks 1-2 that cannot run as the conversion ran it, why (``Reference.not_run``).
     Returns (checkpoint, official model, official path, not_run)."""
-    from .verify.engine import locate_source
-
     not_run: Dict[str, Dict[str, str]] = {}
     official_path = None
     roles = (("checkpoint", "safetensors", "checkpoint"), ("official", "official", "official ONNX"))
@@ -381,7 +374,7 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
         try:
             if role == "official":
                 official, official_path = read_reference(path)[0], path
-            elif is_onnx_source(path):  # a policy recovered from an ONNX (converter.from_onnx)
+            elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
                 ckpt = read_source(path)
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (verify_out
@@ -398,12 +391,8 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
     report records where they are still there, unchanged; otherwise the report says which checks were
     not run and why (``Report.not_run``: exit 4, or a failure with ``require_complete``). The rewritten
     report keeps the record of the conversion."""
-    from .verify import Reference, verify, write_report
-    from .verify.engine import read_record
-
     arts = ArtifactSet(folder, s)
     if ckpt is not None and arts.exists(SAFETENSORS):  # (a missing one fails check 1 below)
-        from .converter import load_policy
 
         source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
         if ckpt.sha256 != source_sha:
@@ -464,15 +453,6 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     initializes from (``converter.state_dict``), written under a temporary name and renamed, then read
     back by this tool's own reader: the same spec, every tensor bitwise (the divisors aside: ML-Agents
     computes its own from the statistics) and the step."""
-    import numpy as np
-
-    from .converter import load_policy
-    from .converter.mapping import map_policy_as
-    from .converter.policy_file import atomic_write_bytes
-    from .converter.state_dict import checkpoint_bytes, checkpoint_dict
-
-    from .converter import Policy
-
     if isinstance(source, Policy):
         src, policy = None, source
     else:

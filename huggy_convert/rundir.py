@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import contract as C
-from .converter.checkpoint import check_regular, clip, read_input_file
+from .core.files import check_regular, clip, read_input_file
 from .errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)

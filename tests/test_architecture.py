@@ -137,7 +137,7 @@ def test_one_file_per_block():
 
 @pytest.fixture(scope="module")
 def specs():
-    from huggy_convert.converter import PolicySpec
+    from huggy_convert.core.spec import PolicySpec
 
     return {
         "huggy": PolicySpec("ppo", (59,), True, 512, 3, 21),

@@ -20,6 +20,7 @@ from huggy_convert.exporters.onnx_export import build_onnx
 from huggy_convert.exporters.torch_module import build_module
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import OrtRunner, make_probes
+from huggy_convert.core import bounds as core_bounds
 from huggy_convert.verify import bounds
 from huggy_convert.verify.checks import check_onnx_structure
 
@@ -181,7 +182,7 @@ def test_half_precision_keeps_the_normalizer_float32(fx):
 def _bounded(rng, shape, scale=1.0):
     v = rng.normal(scale=scale, size=shape).astype(np.float32).astype(np.float64)
     e = np.abs(v) * 4 * 2.0 ** -24 + 1e-9
-    return bounds.Bounded(v, e)
+    return core_bounds.Bounded(v, e)
 
 
 def test_layer_norm_softmax_and_masked_mean_bounds_hold_for_float32():
@@ -191,9 +192,9 @@ def test_layer_norm_softmax_and_masked_mean_bounds_hold_for_float32():
     x = _bounded(rng, (256, 6, 128), 0.3)
     x.v[:, :, :] += 0.5  # a mean far from zero: the centring's own rounding matters
     for fn, args, ref in (
-        (bounds.layer_norm, (np.float32(1e-5),), lambda a: (a - a.mean(-1, keepdims=True))
+        (core_bounds.layer_norm, (np.float32(1e-5),), lambda a: (a - a.mean(-1, keepdims=True))
          / torch.sqrt(((a - a.mean(-1, keepdims=True)) ** 2).mean(-1, keepdims=True) + 1e-5)),
-        (bounds.softmax, (), lambda a: torch.softmax(a, dim=-1)),
+        (core_bounds.softmax, (), lambda a: torch.softmax(a, dim=-1)),
     ):
         b = fn(x, *args)
         worst = 0.0
@@ -205,7 +206,7 @@ def test_layer_norm_softmax_and_masked_mean_bounds_hold_for_float32():
     y = _bounded(rng, (256, 6, 32))
     keep = rng.random((256, 6)) < 0.6
     keep[:8] = False  # all padded: exactly 0
-    b = bounds.masked_mean(y, keep, np.float32(1e-7))
+    b = core_bounds.masked_mean(y, keep, np.float32(1e-7))
     assert (b.v[:8] == 0).all() and (b.err[:8] == 0).all()
     k = torch.from_numpy(keep.astype(np.float32))
     got = ((torch.from_numpy(y.v.astype(np.float32)) * k[:, :, None]).sum(1) / (k.sum(1, keepdim=True) + 1e-7)).double().numpy()

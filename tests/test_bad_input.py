@@ -138,7 +138,7 @@ def test_zip_is_really_truncated(huggy_ckpt, tmp_path):
 
 def test_a_failing_write_leaves_no_half_file(huggy_ckpt, tmp_path, monkeypatch):
     """Outputs are written under a temporary name and renamed: a failure at the rename leaves nothing."""
-    import huggy_convert.converter.policy_file as pf
+    import huggy_convert.core.files as pf
 
     def boom(src, dst):
         raise OSError("disk full (simulated)")

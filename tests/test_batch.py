@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import HUGGY_RUN, ROOT, VARIANTS, run_cli, step_checkpoints
 
-from huggy_convert import __version__
+from huggy_convert.core.version import __version__
 from huggy_convert.batch import MANIFEST_CSV, MANIFEST_JSON
 from huggy_convert.cli import main
 

@@ -153,7 +153,7 @@ def test_observation_shapes_in_the_spec():
     the field existed (the canonical file's bytes do not change), and a bad shape is named."""
     import pytest as _pytest
 
-    from huggy_convert.converter.spec import PolicySpec
+    from huggy_convert.core.spec import PolicySpec
     from huggy_convert.errors import SpecError
 
     base = dict(algorithm="ppo", normalize=True, hidden_units=32, num_layers=1, continuous_size=2)

@@ -24,7 +24,7 @@ from huggy_convert.converter import convert_checkpoint, load_checkpoint, officia
 from huggy_convert.errors import DeviceError, ExportError
 from huggy_convert.exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 from huggy_convert.exporters.torch_module import build_module, export_program
-from huggy_convert.numerics import ieee_divisor, ulp_distance
+from huggy_convert.core.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.verify.bounds import judge, reference_forward
 from huggy_convert.runtime.feeds import make_noise, make_probes

@@ -1,5 +1,5 @@
 """Issue 13, ONNX-only models: every ONNX ML-Agents wrote (fixtures/, ML-Agents 1.1.0 on torch 2.13's legacy
-exporter) read back into its canonical policy (converter.from_onnx), every artifact made from it alone, and
+exporter) read back into its canonical policy (importers.from_onnx), every artifact made from it alone, and
 graphs that are not ML-Agents' refused in one line naming what is unexpected."""
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from onnx import helper, numpy_helper
 from huggy_convert import contract as C
 from huggy_convert.cli import main
 from huggy_convert.converter import load_checkpoint, load_policy
-from huggy_convert.converter.from_onnx import checkpoint_from_onnx, recovered_record
+from huggy_convert.importers.from_onnx import checkpoint_from_onnx, recovered_record
 from huggy_convert.converter.reference import official_divisors
 from huggy_convert.errors import UnsupportedError
 from huggy_convert.exporters.onnx_export import build_onnx, model_bytes, with_noise_input
-from huggy_convert.numerics import ieee_divisor, ulp_distance
+from huggy_convert.core.numerics import ieee_divisor, ulp_distance
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import ort_run, ort_session
 from huggy_convert.runtime.feeds import make_probes
@@ -127,13 +127,13 @@ def test_the_rebuilt_graph_gives_the_inputs_outputs_bitwise(run, opset):
     for feed_name, feed in feeds.items():
         assert same_outputs(model, rebuilt, feed) == [], (name, feed_name)
     if opset == 9:
-        from huggy_convert.converter.from_onnx import match_graph
+        from huggy_convert.importers.from_onnx import match_graph
 
         match_graph(model, rebuilt, root, collect=False)  # raises on the first difference
 
 
 def test_divisor_squared_gives_the_divisor_back_for_every_float32_significand():
-    """The relation the canonical file relies on: fl(sqrt(fl(D * D))) == D (what numerics.ieee_divisor computes
+    """The relation the canonical file relies on: fl(sqrt(fl(D * D))) == D (what core.numerics.ieee_divisor computes
     for variance = D^2, steps = 1) for every float32 significand, in [1, 2) and [2, 4); scaling D by 2^k scales
     D^2 by 4^k exactly, so this covers every D whose square is a normal float32."""
     for exponent in (127, 128):

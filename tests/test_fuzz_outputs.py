@@ -36,8 +36,8 @@ from click.testing import CliRunner
 from conftest import VARIANTS, step_checkpoints
 from fuzzkit import MAX_LINE, check_line, promise, temporaries
 
-import huggy_convert.converter.policy_file as PF
-from huggy_convert.artifacts import SUFFIXES, ArtifactSet, clean_stale_temporaries, locked
+import huggy_convert.core.files as PF
+from huggy_convert.core.artifacts import SUFFIXES, ArtifactSet, clean_stale_temporaries, locked
 from huggy_convert.cli import main
 from huggy_convert.errors import (EXIT_INTERNAL, InputError, InternalError, OutputError, from_foreign,
                                   from_os_error)
@@ -318,7 +318,7 @@ def test_an_interrupt_anywhere_in_a_set_write_is_rolled_back(tmp_path, monkeypat
     by how far the write got misses it: the file already renamed but its write not yet returned, or
     the temporary created but its name not yet returned by ``mkstemp``. The set is as it was (none,
     or the previous bytes) and no temporary is left."""
-    import huggy_convert.artifacts as A
+    import huggy_convert.core.artifacts as A
 
     arts = ArtifactSet(tmp_path, "s")
     kinds = ["safetensors", "onnx", "pt2", "golden", "report"]
@@ -508,9 +508,9 @@ def test_an_unexpected_failure_at_the_top_level_is_one_line(tmp_path, monkeypatc
         monkeypatch.setattr(P, "prepare_conversion", boom)
         args, watch = [SMALL, tmp_path / "out"], [tmp_path, SMALL_RUN]
     elif command == "verify":
-        import huggy_convert.verify as V
+        import huggy_convert.pipeline as P
 
-        monkeypatch.setattr(V, "verify", boom)
+        monkeypatch.setattr(P, "verify", boom)  # what verify OUT/ runs on each set (pipeline.verify_set)
         out = copy_set(converted, tmp_path / "out")
         args, watch = ["verify", out], [out]
     else:

@@ -1,5 +1,5 @@
 """Issue 23 item 1: float16 and bfloat16 runtimes judged the way float32 is, by bounds derived from the
-float64 reference (verify.bounds.Precision): exact conversions pass, real defects fail, an argmax flip
+float64 reference (core.bounds.Precision): exact conversions pass, real defects fail, an argmax flip
 passes exactly when its float64 logit margin is within its bound."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from huggy_convert.exporters.torch_module import build_module
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime.feeds import make_noise, make_probes
 from huggy_convert.runtime.torch_runners import module_runner
-from huggy_convert.verify.bounds import FLOAT32, PRECISIONS, Float64Policy
+from huggy_convert.core.bounds import FLOAT32, PRECISIONS
+from huggy_convert.verify.bounds import Float64Policy
 from huggy_convert.verify.checks import check_runtime
 from huggy_convert.verify.report import FAIL, PASS
 

@@ -375,7 +375,7 @@ def test_export_opset13_passes_full_check(tmp_path, huggy_policy):
 
 
 def test_export_from_onnx_rebuilds_from_the_recovered_tensors(tmp_path):
-    """An ONNX alone exports at another opset: rebuilt from the tensors recovered from it (converter.from_onnx)
+    """An ONNX alone exports at another opset: rebuilt from the tensors recovered from it (importers.from_onnx)
     and verified against it by verify's checks 2 and 3 (bitwise); the same bytes as from the checkpoint."""
     d = cli_json("export", OFFICIAL, "--opset", "13", "-o", tmp_path / "x.onnx")
     assert d["checker_full_check"] == "pass" and d["matches_reference"] and d["bitwise"] and d["outputs"]

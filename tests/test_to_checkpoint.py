@@ -19,7 +19,7 @@ import torch
 
 from conftest import FIXTURES, HUGGY_RUN, ROOT, VARIANTS, run_cli, step_checkpoints, variant_names
 from huggy_convert import contract as C
-from huggy_convert.blocks import MASK, MEMORY, OBSERVATION, SAMPLED
+from huggy_convert.core.flow import MASK, MEMORY, OBSERVATION, SAMPLED
 from huggy_convert.converter import convert_checkpoint, load_checkpoint, load_policy, save_policy
 from huggy_convert.converter.state_dict import policy_state_dict, torch_order
 from huggy_convert.errors import SpecError

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from huggy_convert import torchcompat
+from huggy_convert.core import torchcompat
 from huggy_convert.converter import convert_checkpoint
 from huggy_convert.exporters.pt2 import ProgramWriter, unsafe_reason
 from huggy_convert.exporters.torch_module import build_module
@@ -118,7 +118,7 @@ def test_pt2_reader_fallback_gives_the_same_verdicts(huggy_policies):
 
 
 def test_preload_imports_dynamo_only_where_it_is_used():
-    code = ("import sys; from huggy_convert import torchcompat as T\n"
+    code = ("import sys; from huggy_convert.core import torchcompat as T\n"
             "with T.without_private(T.DYNAMO):\n    T.preload_export()\n"
             "print('torch._dynamo' in sys.modules)\n"
             "T.preload_export(); print('torch._dynamo' in sys.modules, T.available(T.DYNAMO))\n")

@@ -202,7 +202,7 @@ def test_fp16_program_with_fp16_normalizer_fails(out):
 def test_fp16_module_with_fp16_normalizer_fails_in_the_engine(out):
     from huggy_convert.converter import load_policy
     from huggy_convert.exporters.torch_module import build_module
-    from huggy_convert.artifacts import ArtifactSet
+    from huggy_convert.core.artifacts import ArtifactSet
     from huggy_convert.verify import Reference, verify
 
     pol = load_policy(out / f"{STEM}.safetensors")
@@ -449,7 +449,7 @@ def test_verify_dir_without_the_report_still_catches_the_flip_by_content(out, ki
 def test_the_check_at_the_end_of_a_conversion_reads_the_files_back(tmp_path, monkeypatch, kind):
     """A file damaged on its way to the disk (simulated: one bit flipped as it is written) fails the
     conversion's own verification."""
-    import huggy_convert.artifacts as A
+    import huggy_convert.core.artifacts as A
     from huggy_convert import contract as C
 
     real = A.atomic_write_bytes

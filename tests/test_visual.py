@@ -22,6 +22,7 @@ from huggy_convert.exporters.onnx_export import build_onnx
 from huggy_convert.exporters.torch_module import build_module
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import OrtRunner, make_probes
+from huggy_convert.core import bounds as core_bounds
 from huggy_convert.verify import bounds
 from huggy_convert.verify.checks import check_onnx_structure
 
@@ -157,14 +158,14 @@ def test_the_bound_catches_a_wrong_encoder(fx, monkeypatch):
 def test_conv_and_pool_bounds_hold_for_float32():
     """conv2d (padded or not) and max_pool against float32 torch on inputs moved by up to their bounds."""
     rng = np.random.default_rng(0)
-    x = bounds.Bounded(rng.random((16, 4, 11, 11)).astype(np.float32).astype(np.float64), None)
+    x = core_bounds.Bounded(rng.random((16, 4, 11, 11)).astype(np.float32).astype(np.float64), None)
     x.err = np.abs(x.v) * 8 * 2.0 ** -24 + 1e-9
     w = rng.normal(scale=0.3, size=(8, 4, 3, 3)).astype(np.float32)
     b = rng.normal(size=8).astype(np.float32)
-    lin = bounds.Linear(w.reshape(8, -1), b)
+    lin = core_bounds.Linear(w.reshape(8, -1), b)
     for stride, pad in ((1, 1), (2, 0)):
-        c = bounds.conv2d(x, lin, 3, stride, pad)
-        p = bounds.max_pool(c, 3, 2)
+        c = core_bounds.conv2d(x, lin, 3, stride, pad)
+        p = core_bounds.max_pool(c, 3, 2)
         worst = 0.0
         for _ in range(4):
             moved = torch.from_numpy((x.v + x.err * rng.uniform(-1, 1, size=x.v.shape)).astype(np.float32))

@@ -20,7 +20,7 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
 - its probe inputs (``probe``) — ``runtime.feeds.make_probes`` merges them;
 - the way back from an ONNX alone (``state_template``: its keys for a spec as placeholders;
-  ``onnx_recover``: the inverse of what its ONNX nodes transform) — ``converter.from_onnx`` loops over them.
+  ``onnx_recover``: the inverse of what its ONNX nodes transform) — ``importers.from_onnx`` loops over them.
 
 :data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
 memory; outputs: the actor's header, continuous, discrete, memory). The computation runs stage by
@@ -50,12 +50,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import List, Tuple
 
+from .. import contract as C
+from ..core import spec as _spec
+from ..core.flow import OBSERVATION, IOSignature
+from ..errors import SpecError
 from . import actor
 from .actor import Actor
-from .base import (CONSTANT, DETERMINISTIC, ENCODE, FRAME, HEAD, MASK, MEMORY, OBSERVATION, OBSERVE,  # noqa: F401
-                   SAMPLED, STAGES, Block, InputHint, IOSignature, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow)
-from ..errors import SpecError
 from .attention import Attention
+from .base import ENCODE, FRAME, HEAD, OBSERVE, STAGES, Block, KeyRules  # noqa: F401  (the stages: blocks.OBSERVE...)
 from .body import Body
 from .continuous import Continuous
 from .discrete import Discrete
@@ -86,8 +88,6 @@ def active(spec) -> List[Block]:
 def io_signature(spec) -> IOSignature:
     """Every block's ports in registry order, except that the observations (each kind owned by its
     observe block) come first and in observation order, as Unity binds them: ``obs_0``, ``obs_1``..."""
-    from .. import contract as C
-
     blocks = active(spec)
     ports = [p for b in blocks for p in b.inputs(spec)]
     order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
@@ -104,8 +104,6 @@ def encoding_order(spec) -> Tuple[Tuple[int, ...], Tuple[Block, ...]]:
     concatenated first, in observation order (those of the observe blocks without an ``*_append``
     hook), and the blocks whose encodings are appended after them, in registry order (attention: it
     embeds the others' concatenation as its self)."""
-    from .. import contract as C
-
     order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
     blocks = in_stage(OBSERVE, spec)
     appended = tuple(b for b in blocks if b.has("onnx_append"))
@@ -120,8 +118,6 @@ def encoded_width(spec) -> int:
 
 def encoders(spec) -> List[dict]:
     """Every observation's encoder (``Block.encoders``), in observation order of their first input."""
-    from .. import contract as C
-
     order = {C.OBS_INPUT.format(i=i): i for i in range(spec.obs_count)}
     found = [e for b in in_stage(OBSERVE, spec) for e in b.encoders(spec)]
     return sorted(found, key=lambda e: order[e["inputs"][0]])
@@ -135,3 +131,6 @@ def check_constants(r: KeyRules) -> None:
     """Every block's constant-vector checks: the blocks' own first, then the frame's (they span the heads)."""
     order = [b for b in REGISTRY if b.stage != FRAME] + in_stage(FRAME)
     actor.check_constants(r, [c for b in order for c in b.constant_checks(r)])
+
+
+_spec.bind_architecture(_spec.Architecture(io_signature, parameter_count, encoded_width))

@@ -7,8 +7,9 @@ from typing import List
 import numpy as np
 
 from .. import contract as C
+from ..core.flow import CONSTANT, Port
 from ..errors import UnsupportedError
-from .base import CONSTANT, FRAME, Block, KeyRules, Port
+from .base import FRAME, Block, KeyRules
 
 
 class Actor(Block):

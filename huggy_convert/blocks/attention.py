@@ -25,8 +25,13 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import contract as C
-from .. import torchcompat
-from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core import torchcompat
+from ..core.bounds import (Bounded, Linear, affine, f64, layer_norm, masked_mean, matmul, minus_plus_one, softmax,
+                           stored, swish)
+from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.numerics import U32
+from ..core.spec import OBS_ENTITY
+from .base import OBSERVE, Block, KeyRules
 
 LINEAR_WEIGHT, LINEAR_BIAS = "weight", "bias"
 POW_EXPONENT = "/Pow.exponent_"  # the 0.30 export's exponent initializers: f"{scope}{POW_EXPONENT}{n}"
@@ -34,8 +39,6 @@ POW_EXPONENT = "/Pow.exponent_"  # the 0.30 export's exponent initializers: f"{s
 
 def entities(spec):
     """``(index, (max_entities, entity_size))`` of every variable-length observation, in observation order."""
-    from ..converter.spec import OBS_ENTITY
-
     return spec.observations(OBS_ENTITY)
 
 
@@ -344,8 +347,6 @@ class Attention(Block):
 
     # --- the float64 reference with bounds ---------------------------------------------------
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         T = policy.tensors
         ents = entities(policy.spec)
         self_lin = Linear(T[C.C_ATT_SELF_W], T[C.C_ATT_SELF_B]) if C.C_ATT_SELF_W in T else None
@@ -359,10 +360,6 @@ class Attention(Block):
         linearly (``correlated``: those errors share the normalisation). An entity whose squared sum is
         within float32's rounding of 0.01 may be padding or not to a float32 runtime: its row's bounds
         are infinite (the probes keep clear of it)."""
-        from ..numerics import U32
-        from ..verify.bounds import (Bounded, affine, f64, layer_norm, masked_mean, matmul, minus_plus_one, softmax,
-                                     stored, swish)
-
         ents, self_lin, ent_lins, (fq, fk, fv, fo), legacy = w
         d, heads = C.ATTENTION_EMBEDDING_SIZE, C.ATTENTION_HEADS
         hs = d // heads

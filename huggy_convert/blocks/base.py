@@ -1,13 +1,13 @@
-"""What a block is: the :class:`Block` hooks, the I/O :class:`Port`, and the contexts the
-orchestrators hand to the hooks (:class:`KeyRules` for the checkpoint, :class:`OnnxFlow` for the
-graph, :class:`TorchFlow` for one forward). Nothing here imports torch or onnx at import time."""
+"""What a block is: the :class:`Block` hooks, the stages, and :class:`KeyRules`, the context the key rules
+get for a checkpoint (the ports and the flows the other hooks get, ``OnnxFlow``, ``TorchFlow``,
+``ReferenceFlow``, are ``core.flow``'s). Nothing here imports torch or onnx at import time."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..core.flow import InputHint, OnnxFlow, Port, ReferenceFlow, TorchFlow
 from ..errors import SpecError
 
 # Stages, in the order the computation runs them. Within a stage blocks run in registry order.
@@ -15,72 +15,6 @@ from ..errors import SpecError
 # concatenate the encodings in observation order); encode: features to features; head: actions.
 FRAME, OBSERVE, ENCODE, HEAD = "frame", "observe", "encode", "head"
 STAGES = (FRAME, OBSERVE, ENCODE, HEAD)
-
-# Port kinds
-OBSERVATION = "observation"  # an observation input
-MASK = "mask"  # the discrete heads' action masks
-MEMORY = "memory"  # recurrent state (in and out); the memory output is part of the deterministic outputs
-CONSTANT = "constant"  # a constant output (an initializer behind an Identity)
-SAMPLED = "sampled"  # a stochastic action output
-DETERMINISTIC = "deterministic"  # a deterministic action output
-
-Dim = Any  # an int, or C.BATCH_DIM
-
-
-@dataclass(frozen=True)
-class Port:
-    """One input or output of the policy as Unity binds it.
-
-    ``dims`` uses ``C.BATCH_DIM`` for the batch axis; ``tensor`` (constant outputs) is the canonical
-    tensor behind it and ``init`` the ONNX initializer's name."""
-
-    name: str
-    dims: Tuple[Dim, ...]
-    dtype: str = "float32"
-    kind: str = OBSERVATION
-    tensor: Optional[str] = None
-    init: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class InputHint:
-    """What an official ONNX says about one observation input that no checkpoint tensor holds: its
-    ``dims`` without the batch axis (None where not fixed), and whether the graph first transposes
-    it (``transposed``: ML-Agents 0.30's export of an entity input, for Barracuda)."""
-
-    dims: Tuple[Any, ...]
-    transposed: bool = False
-
-
-@dataclass(frozen=True)
-class IOSignature:
-    """The policy's inputs and outputs, in Unity's order: the one source of their names, dims, dtypes."""
-
-    inputs: Tuple[Port, ...]
-    outputs: Tuple[Port, ...]
-
-    def input_names(self) -> List[str]:
-        return [p.name for p in self.inputs]
-
-    def output_names(self) -> List[str]:
-        return [p.name for p in self.outputs]
-
-    def deterministic_output_names(self) -> List[str]:
-        """What the torch module's ``forward`` returns: every deterministic action, then the memory."""
-        return [p.name for p in self.outputs if p.kind in (DETERMINISTIC, MEMORY)]
-
-    def sampled_output_names(self) -> List[str]:
-        """What the torch module's ``sample`` returns."""
-        return [p.name for p in self.outputs if p.kind == SAMPLED]
-
-    def constant_outputs(self) -> List[Port]:
-        return [p for p in self.outputs if p.kind == CONSTANT]
-
-    def port(self, name: str) -> Port:
-        for p in self.inputs + self.outputs:
-            if p.name == name:
-                return p
-        raise KeyError(name)
 
 
 class Block:
@@ -199,16 +133,16 @@ class Block:
         """This block's outputs: deterministic ones, or sampled ones when ``f.sampling``."""
         return []
 
-    # --- the float64 reference with error bounds (verify.bounds) ------------------------------
+    # --- the float64 reference with error bounds (verify.bounds.Float64Policy, core.bounds) ---
     def reference_init(self, policy) -> Any:
-        """This block's weights in float64 (``bounds.Linear``...), prepared once per policy."""
+        """This block's weights in float64 (``core.bounds.Linear``...), prepared once per policy."""
         return None
 
     def reference_observe(self, r: "ReferenceFlow", w) -> None:
-        """OBSERVE blocks: ``r.encoded[i]`` (a ``bounds.Bounded``) for each of its observations."""
+        """OBSERVE blocks: ``r.encoded[i]`` (a ``core.bounds.Bounded``) for each of its observations."""
 
     def reference_append(self, r: "ReferenceFlow", w):
-        """OBSERVE blocks: as ``onnx_append``, a ``bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
+        """OBSERVE blocks: as ``onnx_append``, a ``core.bounds.Bounded`` (``r.h``: the others' encodings, or None)."""
         return None
 
     def reference_encode(self, r: "ReferenceFlow", w) -> None:
@@ -222,10 +156,10 @@ class Block:
         """Seeded inputs for this block's input ports."""
         return {}
 
-    # --- an ONNX-only policy (converter.from_onnx) ------------------------------------------
+    # --- an ONNX-only policy (importers.from_onnx) ------------------------------------------
     def state_template(self, spec) -> Dict[str, np.ndarray]:
         """The ML-Agents keys ``claim`` takes from a ``spec`` actor, as arrays of their shapes and dtypes:
-        placeholders, except what the spec alone fixes (the constant vectors). ``converter.from_onnx``
+        placeholders, except what the spec alone fixes (the constant vectors). ``importers.from_onnx``
         builds the graph of this template to find where each tensor sits in an ONNX."""
         return {}
 
@@ -234,7 +168,7 @@ class Block:
         (an ONNX's initializers, by the names this block's ``onnx_*`` hooks give them) write the
         ML-Agents keys they hold into ``sd`` and pop them from ``found``; raise ``InputError`` where
         the values cannot be this block's. An initializer named after its key is taken as it is by
-        ``converter.from_onnx`` (no hook needed)."""
+        ``importers.from_onnx`` (no hook needed)."""
 
 
 def _shape(t) -> Tuple[int, ...]:
@@ -350,72 +284,3 @@ class KeyRules:
         """Take a Linear's ``weight`` [out, width] and ``bias`` [out] (``key_pattern`` has ``{p}``)."""
         self.take(key_pattern.format(p="weight"), w_canonical, (out, width))
         self.take(key_pattern.format(p="bias"), b_canonical, (out,))
-
-
-@dataclass
-class OnnxFlow:
-    """The graph being built: ``g`` (the opset-aware builder), the policy, each observation's
-    encoding (``encoded``), the current features ``h`` and what heads hand from their first pass
-    to their second (``state``)."""
-
-    g: Any
-    policy: Any
-    h: Optional[str] = None
-    encoded: Dict[int, str] = field(default_factory=dict)
-    state: Dict[str, Any] = field(default_factory=dict)
-    current: Optional[int] = None  # the observation being encoded (None: all of a block's at once)
-
-    @property
-    def spec(self):
-        return self.policy.spec
-
-    def observing(self, pairs):
-        """The ``(index, ...)`` pairs an ``onnx_observe`` hook encodes now: the orchestrator calls every
-        observe block once per observation, in observation order, so the nodes come in the order
-        ML-Agents' ObservationEncoder runs its processors (a camera's before a later vector's)."""
-        return [p for p in pairs if self.current is None or p[0] == self.current]
-
-    def init(self, canonical: str) -> str:
-        """An initializer holding canonical tensor ``canonical``, named as ML-Agents names it (its key)."""
-        return self.g.init(self.policy.sources.get(canonical, canonical), self.policy.tensors[canonical])
-
-    def gemm(self, x: str, w_canonical: str, b_canonical: str, scope: str, out: Optional[str] = None) -> str:
-        w, b = self.init(w_canonical), self.init(b_canonical)
-        return self.g.node("Gemm", [x, w, b], scope, out=out, alpha=1.0, beta=1.0, transB=1)
-
-
-@dataclass(slots=True)
-class TorchFlow:
-    """One forward through the module: the inputs by name, each observation's encoding
-    (``encoded``), the current features ``h``, and how to run (``vec``: one row as a vector, eager; ``inplace``: autograd off, not traced).
-    ``sampling`` holds the injected noise ({'noise', 'uniform'}) for ``sample``, else None."""
-
-    module: Any
-    feed: Dict[str, Any]
-    vec: bool
-    inplace: bool
-    h: Any = None
-    sampling: Optional[Dict[str, Any]] = None
-    encoded: Dict[int, Any] = field(default_factory=dict)
-    state: Dict[str, Any] = field(default_factory=dict)
-
-
-
-
-@dataclass
-class ReferenceFlow:
-    """One float64 forward (``verify.bounds``): the feed, whether bounds are carried, the injected
-    noise (or None), each observation's encoding, the features ``h``, and the outputs' values,
-    bounds and (discrete heads) masked logits, in output order; ``precision``: the format of the
-    runtime the bounds are for (every bound hook passes it to ``verify.bounds``' functions as ``p``)."""
-
-    feed: Dict[str, np.ndarray]
-    bounds: bool
-    noise: Optional[np.ndarray] = None
-    h: Any = None
-    encoded: Dict[int, Any] = field(default_factory=dict)
-    values: Dict[str, np.ndarray] = field(default_factory=dict)
-    errs: Dict[str, np.ndarray] = field(default_factory=dict)
-    logits: Dict[int, Any] = field(default_factory=dict)
-    state: Dict[str, Any] = field(default_factory=dict)
-    precision: Any = None  # the bounds' format (verify.bounds.Precision: float32, float16, bfloat16)

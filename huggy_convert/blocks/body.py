@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import contract as C
-from .. import torchcompat
-from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
+from ..core import torchcompat
+from ..core.bounds import Linear, affine, swish
+from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
+from .base import ENCODE, Block, KeyRules
 
 
 class Body(Block):
@@ -89,7 +91,7 @@ class Body(Block):
         ``Affine.apply_to`` forms) and one Swish kernel, ``F.silu`` (in place with autograd off: the
         same kernel, the same bits). ``silu`` computes ``z / (1 + exp(-z))``: three float32 roundings
         (exp, add, div), ~3 u relative, inside the Sigmoid + Mul bound the float64 reference derives
-        (``verify.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
+        (``core.bounds.swish``: ``8 u |z| + u |v|`` on top of the inherited error), which the tests
         check element-wise."""
         mod = f.module
         if f.vec and f.inplace:  # the eager one-row form (torch_row)
@@ -108,14 +110,10 @@ class Body(Block):
         f.h = h
 
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         T = policy.tensors
         return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)]
 
     def reference_encode(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import affine, swish
-
         p = r.precision
         for lin in w:
             r.h = swish(affine(r.h, lin, r.bounds, p=p), p)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from .. import contract as C
-from .. import torchcompat
 import numpy as np
 
-from .base import CONSTANT, DETERMINISTIC, HEAD, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from .. import contract as C
+from ..core import torchcompat
+from ..core.bounds import Bounded, Linear, add, affine, clip, exp, f64, mul, scale, stored, tanh
+from ..core.flow import CONSTANT, DETERMINISTIC, SAMPLED, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from .base import HEAD, Block, KeyRules
 
 
 class Continuous(Block):
@@ -157,16 +159,12 @@ class Continuous(Block):
         return [torch.tanh(s) if spec.tanh_squash else torch.clamp(s, -C.ACTION_CLIP, C.ACTION_CLIP) / C.ACTION_CLIP]
 
     def reference_init(self, policy):
-        from ..verify.bounds import Linear, f64
-
         T = policy.tensors
         sigma = (Linear(T[C.C_LOG_SIGMA_W], T[C.C_LOG_SIGMA_B]) if policy.spec.conditional_sigma
                  else f64(T[C.C_LOG_SIGMA]))
         return Linear(T[C.C_MU_W], T[C.C_MU_B]), sigma, policy.spec
 
     def reference_output(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import Bounded, add, affine, clip, exp, f64, mul, scale, stored, tanh
-
         mu_lin, sigma, spec = w
         p = r.precision
         mu = affine(r.h, mu_lin, r.bounds, p=p)

@@ -9,7 +9,9 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import CONSTANT, DETERMINISTIC, HEAD, MASK, SAMPLED, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.bounds import Bounded, Linear, affine, f64
+from ..core.flow import CONSTANT, DETERMINISTIC, MASK, SAMPLED, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from .base import HEAD, Block, KeyRules
 
 
 class Discrete(Block):
@@ -115,14 +117,10 @@ class Discrete(Block):
         return [torch.cat(picks, dim=1)]
 
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         T, sizes = policy.tensors, policy.spec.discrete_branches
         return [(Linear(T[C.c_branch(b, "weight")], T[C.c_branch(b, "bias")]), n) for b, n in enumerate(sizes)]
 
     def reference_output(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import Bounded, affine, f64
-
         masks = f64(r.feed[C.ACTION_MASKS])
         start, picks = 0, []
         for b, (lin, n) in enumerate(w):

@@ -24,9 +24,12 @@ from typing import Dict
 import numpy as np
 
 from .. import contract as C
-from .. import torchcompat
-from .base import ENCODE, Block, KeyRules, OnnxFlow, ReferenceFlow, TorchFlow
+from ..core import torchcompat
+from ..core.bounds import Bounded, Linear, affine, concat, f64, layer_norm, matmul, swish
+from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
+from .base import ENCODE, Block, KeyRules
 from .body import observation_shapes, record_body
+from .normalizer import Normalizer
 
 GOAL_HYPER = C.GOAL_HYPER
 
@@ -184,7 +187,7 @@ class Goal(Block):
     def torch_encode(self, f: TorchFlow) -> None:
         """The regular layers as the MLP body runs them (``addmm`` + ``F.silu``); the hypernetwork the
         same, its LayerNorm in ML-Agents' form (mean, ``x - mean``, its square's mean, ``+ eps``,
-        sqrt, division: the rounding steps ``verify.bounds.layer_norm`` bounds), the generated layer
+        sqrt, division: the rounding steps ``core.bounds.layer_norm`` bounds), the generated layer
         one ``bmm`` of each row with its own weight, plus the bias."""
         layers, net, goal_obs, view, addmm, bmm, cat, silu = f.module.fast[self.name]
         h = f.h
@@ -206,8 +209,6 @@ class Goal(Block):
 
     # --- the float64 reference -----------------------------------------------------------------
     def reference_init(self, policy):
-        from ..verify.bounds import Linear, f64
-
         spec, T = policy.spec, policy.tensors
         if not self.active(spec):
             return None
@@ -220,8 +221,6 @@ class Goal(Block):
         LayerNorm takes its errors as correlated: they share the LayerNorm's divisor), the reshape
         exact, ``bounds.matmul`` for the row times its generated weight (both inexact), the bias add
         (``u |z|``), Swish."""
-        from ..verify.bounds import Bounded, affine, concat, layer_norm, matmul, stored, swish
-
         regular, net, bias, view, goal_obs = w
         p = r.precision
         for lin in regular:
@@ -245,8 +244,6 @@ class Goal(Block):
         """Goals as tasks give them: a quarter of the rows one-hot (a goal index), a quarter one
         goal shared by every such row (the other observations vary), the rest the normalizer's probes
         (at its scale and beyond its clip) left as they are."""
-        from .normalizer import Normalizer
-
         spec = policy.spec
         base = Normalizer().probe(policy, rng, rows)
         feed: Dict[str, np.ndarray] = {}

@@ -8,7 +8,9 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .base import ENCODE, MEMORY, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.bounds import Bounded, Linear, add, affine, concat, f64, mul, sigmoid, stored, tanh
+from ..core.flow import MEMORY, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from .base import ENCODE, Block, KeyRules
 
 
 def onnx_gates(a: np.ndarray, hs: int) -> np.ndarray:
@@ -121,15 +123,11 @@ class Memory(Block):
         return [] if f.sampling is not None else [f.state[C.RECURRENT_OUT]]
 
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         T = policy.tensors
         return (Linear(T[C.c_lstm(C.LSTM_W_IH)], T[C.c_lstm(C.LSTM_B_IH)]),
                 Linear(T[C.c_lstm(C.LSTM_W_HH)], T[C.c_lstm(C.LSTM_B_HH)]), policy.spec.memory_size // 2)
 
     def reference_encode(self, r: ReferenceFlow, w) -> None:
-        from ..verify.bounds import Bounded, add, affine, concat, f64, mul, sigmoid, stored, tanh
-
         ih, hh, hs = w
         p = r.precision
         m = f64(r.feed[C.RECURRENT_IN])[:, 0, :]

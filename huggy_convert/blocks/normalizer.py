@@ -9,9 +9,12 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from .. import torchcompat
-from ..errors import SpecError
-from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core import torchcompat
+from ..core.bounds import Bounded, clip, f64, stored
+from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.numerics import U32, ieee_divisor
+from ..errors import InputError, SpecError
+from .base import OBSERVE, Block, KeyRules
 
 
 def mean_std(policy, i: int):
@@ -161,7 +164,6 @@ class Normalizer(Block):
         spec = policy.spec
         if not spec.normalize:
             return [i for i, _ in spec.vector_obs], None
-        from ..verify.bounds import f64
 
         return [i for i, _ in spec.vector_obs], {i: (f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
                                                  for i, _ in spec.vector_obs}
@@ -171,9 +173,6 @@ class Normalizer(Block):
         in float32 in every dtype (``torch_observe``: the pinned float32 buffers), so ``u`` is float32's
         whatever the runtime's format; a half runtime then casts its output (or the raw observation,
         without a normalizer) to its format: one rounding of that format (``bounds.stored``)."""
-        from ..numerics import U32
-        from ..verify.bounds import Bounded, clip, f64, stored
-
         indices, norm = w
         for i in indices:
             x = f64(r.feed[C.OBS_INPUT.format(i=i)])
@@ -203,9 +202,6 @@ class Normalizer(Block):
         binary floating point ``fl(sqrt(fl(D * D))) == D`` for every D whose square is a normal float32
         (1.09e-19 <= D <= 1.84e19; checked exhaustively over the float32 significands in
         tests/test_from_onnx.py). A D outside that range, not positive or not finite is refused."""
-        from ..errors import InputError
-        from ..numerics import ieee_divisor
-
         if not spec.normalize:
             return
         for i, _ in spec.vector_obs:

@@ -16,13 +16,13 @@ LeakyReLU is ``nn.LeakyReLU()``: slope 0.01 (the ONNX attribute is its float32).
 normalizer: images go in as they are (Unity sends [0, 1]). Each encoder has a minimum side
 (``MIN_RESOLUTION_FOR_ENCODER``: 20, 36, 15, 5, 1). The image's height and width are in no tensor
 when the dense layer's input does not fix them (``32 * h' * w'`` fits many images): they come from the
-official ONNX's input (``blocks.InputHint``) or ``--obs-sizes CxHxW``, and are cross-checked with the
+official ONNX's input (``core.flow.InputHint``) or ``--obs-sizes CxHxW``, and are cross-checked with the
 dense layer's width; the channels are the first convolution's (fully_connected: the hint's).
 
 Every backend interprets one op list (:func:`plan`): the ONNX nodes (ML-Agents' opset-9 sequence,
 node for node), the torch module (``F.conv2d``...; TF32 is switched off on CUDA by
 ``exporters.devices.strict_float32``), the float64 reference (a convolution is an inner product of
-length ``C k k + 1`` per output element, bounded as :func:`verify.bounds.affine` bounds a Linear)."""
+length ``C k k + 1`` per output element, bounded as :func:`core.bounds.affine` bounds a Linear)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,16 +31,17 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import contract as C
-from .. import torchcompat
-from .base import OBSERVATION, OBSERVE, Block, KeyRules, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core import torchcompat
+from ..core.bounds import Bounded, Linear, add, affine, conv2d, leaky_relu, max_pool, relu, stored, swish
+from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.spec import OBS_VISUAL
+from .base import OBSERVE, Block, KeyRules
 
 W, B = "weight", "bias"
 
 
 def cameras(spec):
     """``(index, (C, H, W))`` of every visual observation, in observation order."""
-    from ..converter.spec import OBS_VISUAL
-
     return spec.observations(OBS_VISUAL)
 
 
@@ -370,8 +371,6 @@ class Visual(Block):
 
     # --- the float64 reference with bounds ---------------------------------------------------
     def reference_init(self, policy):
-        from ..verify.bounds import Linear
-
         spec, T = policy.spec, policy.tensors
         out = []
         for i, shape in cameras(spec):
@@ -382,10 +381,8 @@ class Visual(Block):
         return out
 
     def reference_observe(self, r: ReferenceFlow, w) -> None:
-        """The images are float32 and exact; each op's bound is ``verify.bounds``' (``conv2d``,
+        """The images are float32 and exact; each op's bound is ``core.bounds``' (``conv2d``,
         ``max_pool``, ``leaky_relu``, ``relu``, ``swish``, ``add``, ``affine``)."""
-        from ..verify.bounds import Bounded, add, affine, conv2d, leaky_relu, max_pool, relu, stored, swish
-
         b, pr = r.bounds, r.precision
         for i, p, lins, dense in w:
             h = Bounded.exact(r.feed[C.OBS_INPUT.format(i=i)])

@@ -7,7 +7,7 @@ def c_norm(i: int, field: str) -> str:
 
 def c_divisor(i: int) -> str:
     """The folded divisor ``sqrt(variance / steps)`` the artifacts divide by (IEEE, or adopted from the
-    official ONNX: see numerics.ieee_divisor and converter.reference)."""
+    official ONNX: see core.numerics.ieee_divisor and converter.reference)."""
     return f"obs.{i}.normalizer.divisor"
 
 
@@ -71,7 +71,7 @@ FORMAT_NAME = "huggy-convert/policy"
 FORMAT_VERSION = "2"  # 2 adds obs.{i}.normalizer.divisor and the "divisor" metadata
 FORMAT_VERSIONS_READ = ("1", "2")  # a version-1 file gets the IEEE divisor when read
 MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see converter.reference)
-MD_RECOVERED = "recovered_from"  # metadata: the ONNX a policy was recovered from (JSON, see converter.from_onnx)
+MD_RECOVERED = "recovered_from"  # metadata: the ONNX a policy was recovered from (JSON, see importers.from_onnx)
 ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
 DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never
 FLOAT32_EXACT_INT_LIMIT = 2 ** 24

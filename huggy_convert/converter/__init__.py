@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
-from .checkpoint import Checkpoint, load_checkpoint, sha256_file  # noqa: F401
+from ..core.policy import Policy
+from .checkpoint import Checkpoint, load_checkpoint
 from .mapping import MappedPolicy, map_policy  # noqa: F401
-from .policy_file import Policy, atomic_write_bytes, build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
-from .reference import divisor_record, official_divisors, reconcile_divisors  # noqa: F401
-from .spec import PPO, SAC, PolicySpec  # noqa: F401
+from .policy_file import build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
+from .reference import divisor_record, input_hints, official_divisors, reconcile_divisors  # noqa: F401
 
 
 @dataclass
@@ -27,8 +26,6 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
     official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an entity
     observation's entity count) is read from ``official``'s inputs (or, without one, ``hints_from``'s:
     an ML-Agents ONNX of the same run that is not the reference)."""
-    from .reference import input_hints
-
     mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes, goal_obs=goal_obs,
                         inputs=input_hints(official if official is not None else hints_from))
     md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
@@ -37,24 +34,6 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
     policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
                                    reference_name, reference_sha256)
     return Conversion(policy, ckpt, mapped)
-
-
-ONNX_SUFFIX = ".onnx"
-
-
-def is_onnx_source(path) -> bool:
-    """Whether ``path`` names an ONNX model (read back into a checkpoint by ``from_onnx``)."""
-    return Path(path).suffix.lower() == ONNX_SUFFIX
-
-
-def read_source(path) -> Checkpoint:
-    """The actor of a ``.pt`` checkpoint, or of an ML-Agents ``.onnx`` read back into one
-    (``from_onnx.checkpoint_from_onnx``: its ``recovered`` record says what an ONNX does not hold)."""
-    if is_onnx_source(path):
-        from .from_onnx import checkpoint_from_onnx
-
-        return checkpoint_from_onnx(path)
-    return load_checkpoint(path)
 
 
 def convert_checkpoint(path, obs_sizes: Optional[Sequence[int]] = None) -> Conversion:

@@ -13,8 +13,9 @@ import numpy as np
 
 from .. import blocks
 from .. import contract as C
-from ..errors import UnsupportedError
-from .spec import PolicySpec
+from ..core.flow import InputHint
+from ..core.spec import PolicySpec
+from ..errors import SpecError, UnsupportedError
 
 
 @dataclass
@@ -40,8 +41,6 @@ def split_shapes(obs_sizes, inputs, path=None):
     """``obs_sizes`` may give every observation's shape (``--obs-sizes 3x84x84,6``: a tuple for a
     camera, an int for a vector): the vectors' widths stay the split, each camera's shape becomes the
     hint an official ONNX's input would be (which, where there is one, must agree)."""
-    from ..errors import SpecError
-
     if obs_sizes is None or all(isinstance(s, (int, np.integer)) for s in obs_sizes):
         return obs_sizes, inputs
     hints = dict(inputs or {})
@@ -55,20 +54,20 @@ def split_shapes(obs_sizes, inputs, path=None):
         if have is not None and tuple(have.dims) != shape:
             raise SpecError(f"observation sizes give {C.OBS_INPUT.format(i=i)} as {'x'.join(map(str, shape))}, the official "
                             f"ONNX's input is [batch, {', '.join(map(str, have.dims))}]", path)
-        hints.setdefault(i, blocks.InputHint(shape))
+        hints.setdefault(i, InputHint(shape))
     return sizes, hints
 
 
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
                goal_obs: Optional[Sequence[int]] = None,
-               inputs: Optional[Dict[int, "blocks.InputHint"]] = None) -> MappedPolicy:
+               inputs: Optional[Dict[int, InputHint]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
 
     ``obs_sizes`` splits the observation width when the checkpoint cannot (``normalize: false``
     with several observations keeps no per-observation tensors); without it one observation
     of the full width is assumed. ``goal_obs``: which observations a hypernetwork's goal is (the
     official ONNX's, ``converter.reference.goal_obs_from_reference``), cross-checked with the goal's width.
-    ``inputs`` (observation index -> ``blocks.InputHint``: the official ONNX's inputs) says what no
+    ``inputs`` (observation index -> ``core.flow.InputHint``: the official ONNX's inputs) says what no
     tensor holds, e.g. an entity observation's maximum entity count (``converter.reference.input_hints``).
     """
     for k in sd:

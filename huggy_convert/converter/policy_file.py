@@ -17,36 +17,19 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
-from .. import __version__
 from .. import contract as C
-from ..errors import HuggyError, PolicyFileError, SpecError, from_os_error, utf8_name
-from .checkpoint import clip
-from .spec import PolicySpec
-
-
-@dataclass
-class Policy:
-    """A policy in canonical form: spec + float32 tensors (+ metadata once written/read)."""
-
-    spec: PolicySpec
-    tensors: Dict[str, np.ndarray]
-    sources: Dict[str, str] = field(default_factory=dict)
-    metadata: Dict[str, str] = field(default_factory=dict)
-
-    def divisor(self, i: int) -> np.ndarray:
-        """The float32 divisor of observation ``i``'s normalizer, the one every artifact uses."""
-        return self.tensors[C.c_divisor(i)]
-
-    @property
-    def exact_steps(self) -> Dict[str, int]:
-        return {k: int(v) for k, v in json.loads(self.metadata.get("normalizer_exact_steps", "{}")).items()}
+from ..core.files import atomic_write_bytes, clip, read_input_file
+from ..core.policy import Policy
+from ..core.spec import PolicySpec
+from ..core.version import __version__
+from ..errors import HuggyError, PolicyFileError, SpecError, utf8_name
+from .mapping import map_policy_as
+from .reference import reconcile_divisors
 
 
 def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: str, source_sha256: str,
@@ -68,7 +51,7 @@ def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: st
         "normalizer_exact_steps": j({k: str(v) for k, v in exact_steps.items()}),
         "versions": j({"huggy_convert": __version__, "safetensors": safetensors.__version__, "numpy": np.__version__}),
     }
-    if recovered is not None:  # an ONNX-only policy (converter.from_onnx): what it holds instead of the sums
+    if recovered is not None:  # an ONNX-only policy (importers.from_onnx): what it holds instead of the sums
         md[C.MD_RECOVERED] = j(recovered)
     return md
 
@@ -88,63 +71,6 @@ def policy_bytes(tensors: Dict[str, np.ndarray], metadata: Dict[str, str]) -> by
     text = json.dumps(ordered, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text + raw[8 + n:]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-NAME_MAX = 255  # bytes of one file name (Linux, macOS, Windows)
-TEMPORARY_SUFFIX = ".tmp"
-_RANDOM = 8  # characters tempfile adds
-
-
-def temporary_key(name: str) -> str:
-    """What a temporary of ``name`` is called after (``.<key>.<random>.tmp``): the name itself, or,
-    where that would pass NAME_MAX, a digest of it, so that a temporary fits beside any file name."""
-    raw = os.fsencode(name)
-    if len(raw) + len(TEMPORARY_SUFFIX) + _RANDOM + 2 <= NAME_MAX:
-        return name
-    import hashlib
-
-    return f"{hashlib.sha256(raw).hexdigest()[:40]}.long"
-
-
-def _write_fd(f, data: bytes, fsync: bool) -> None:
-    f.write(data)
-    if fsync:
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
-    """Write ``data`` under ``.<name>.<random>.tmp`` (``temporary_key``) in the same folder, (fsync,)
-    then rename; on any error the temporary is removed and an ``OSError`` becomes an ``OutputError``
-    naming ``path`` (``errors.from_os_error``)."""
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{temporary_key(path.name)}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
-        try:
-            os.chmod(tmp, 0o666 & ~_umask())
-        except BaseException:
-            os.close(fd)
-            raise
-        with os.fdopen(fd, "wb") as f:
-            _write_fd(f, data, fsync)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        if isinstance(exc, OSError):
-            raise from_os_error(exc, path) from None
-        raise
 
 
 def dumps(policy: Policy) -> bytes:
@@ -206,8 +132,6 @@ def _check_tensors(spec: PolicySpec, tensors: Dict[str, np.ndarray], sources: Di
     divisors have the observations' widths; no other tensor is in the file."""
     import torch
 
-    from .mapping import map_policy_as
-
     sd = {}
     for canonical, key in sources.items():
         if not isinstance(key, str):
@@ -262,7 +186,6 @@ def loads(data: bytes, path=None) -> Policy:
     if not spec.normalize:
         return policy
     if md.get("format_version") == "1":  # written before divisors were stored: IEEE
-        from .reference import reconcile_divisors
 
         return reconcile_divisors(policy)[0]
     missing = [C.c_divisor(i) for i, _ in spec.vector_obs if C.c_divisor(i) not in tensors]
@@ -273,8 +196,6 @@ def loads(data: bytes, path=None) -> Policy:
 
 def load(path) -> Policy:
     """Read a canonical safetensors policy back into spec + tensors (bitwise round trip)."""
-    from .checkpoint import read_input_file
-
     p = Path(path)
     if not p.is_file():
         raise PolicyFileError("no such file", p)

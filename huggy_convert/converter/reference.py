@@ -23,8 +23,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import contract as C
+from ..core.files import clip, read_input_file
+from ..core.flow import InputHint
+from ..core.numerics import ieee_divisor, ulp_distance
+from ..core.spec import MAX_WIDTH
 from ..errors import InputError
-from ..numerics import ieee_divisor, ulp_distance
 
 
 def divisor_initializers(model) -> Dict[int, str]:
@@ -114,11 +117,9 @@ def _fixed_dims(dims) -> Tuple:
 
 def input_hints(official) -> Dict[int, "InputHint"]:
     """Observation index -> what the official ONNX says of its input ``obs_<index>``
-    (``blocks.InputHint``): the dims without the batch axis (None where not fixed), and whether a
+    (``core.flow.InputHint``): the dims without the batch axis (None where not fixed), and whether a
     Transpose swapping its last two axes reads it (ML-Agents 0.30's entity inputs); empty without an
     official file."""
-    from ..blocks import InputHint
-
     if official is None:
         return {}
     swapped = {n.input[0] for n in official.graph.node if n.op_type == "Transpose" and n.input
@@ -239,14 +240,11 @@ ONNX_MIN_OPSET = 7  # the oldest opset a Unity runtime imports (Sentis 7-15, Bar
 
 def read_onnx(path, what: str = "ONNX model"):
     """An ONNX model file read and validated: a regular file within the size bound
-    (``checkpoint.read_input_file``), a protobuf ``onnx`` parses, ``onnx.checker.check_model``
+    (``core.files.read_input_file``), a protobuf ``onnx`` parses, ``onnx.checker.check_model``
     with ``full_check=True`` (a cycle, a missing initializer, an IR version or opset it does not
     know, a type error: all refused), a default-domain opset Unity imports, and an ML-Agents policy's
     ``obs_0`` float input of a width in 1..``spec.MAX_WIDTH``. Returns (model, the file's bytes)."""
     import onnx
-
-    from .checkpoint import clip, read_input_file
-    from .spec import MAX_WIDTH
 
     data = read_input_file(path, what)
     if not data:

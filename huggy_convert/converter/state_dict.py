@@ -28,6 +28,7 @@ import numpy as np
 from .. import blocks
 from .. import contract as C
 from ..errors import SpecError
+from .mapping import map_policy_as
 
 
 def torch_order(keys: Iterable[str]) -> List[str]:
@@ -58,8 +59,6 @@ def policy_state_dict(policy) -> Dict[str, "object"]:
     """ML-Agents' ``Policy`` state dict of ``policy`` (key -> torch tensor, in ML-Agents' order), checked
     by the forward rules: they must find the same spec and every tensor bit for bit."""
     import torch
-
-    from .mapping import map_policy_as
 
     sd: Dict[str, object] = {}
     for canonical, key in policy.sources.items():

@@ -17,7 +17,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List
 
-from .. import contract as C
+from .. import blocks, contract as C
 
 
 def _input_shape(spec) -> str:
@@ -34,8 +34,6 @@ def out_nodes(model, spec) -> List[str]:
 def normalizer_nodes(model, spec) -> List[str]:
     """The names of the nodes ``--keep_dtype`` keeps float32: the normalizers' Sub, Div and Clip, and
     what each block says must stay float32 (``Block.onnx_float32_nodes``: an attention's masking)."""
-    from .. import blocks
-
     rules = [r for b in blocks.active(spec) for r in b.onnx_float32_nodes(spec)]
     return [n.name for n in model.graph.node if any(n.name.startswith(s) and n.op_type in ops for s, ops in rules)]
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import importlib.util
+import platform
+
 from ..errors import DeviceError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -12,8 +15,6 @@ NPU = "npu"  # an Ascend NPU: torch_npu for torch, onnxruntime-cann for onnxrunt
 
 def torch_npu_installed() -> bool:
     """Whether torch_npu is installed (looked up, not imported)."""
-    import importlib.util
-
     return importlib.util.find_spec("torch_npu") is not None
 
 
@@ -95,8 +96,6 @@ def available_devices(include_npu: Optional[bool] = None) -> List[str]:
 
 
 def device_name(dev: str) -> str:
-    import platform
-
     import torch
 
     if dev.startswith("cuda"):

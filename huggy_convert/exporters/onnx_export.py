@@ -24,9 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import __version__, blocks
+from .. import blocks
 from .. import contract as C
-from ..converter import Policy
+from ..core.flow import OnnxFlow
+from ..core.policy import Policy
+from ..core.version import __version__
 from ..errors import ExportError
 
 PRODUCER = "huggy-convert"
@@ -120,7 +122,7 @@ def build_onnx(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, dedup: bool = 
     spec = policy.spec
     sig = spec.io_signature()
     g = _Graph(opset)
-    f = blocks.OnnxFlow(g, policy)
+    f = OnnxFlow(g, policy)
     # constants first, in the order torch lists them (SimpleActor registers them in C.CONSTANT_KEYS' order)
     consts = sig.constant_outputs()
     rank = {C.c_const(k): n for n, k in enumerate(C.CONSTANT_KEYS)}

@@ -24,11 +24,17 @@ alone (``EXPORT_GATE.exclusive()``) while a batch's workers hold ``EXPORT_GATE.s
 from __future__ import annotations
 
 import io
+import json
 import threading
 from contextlib import contextmanager
 from typing import Dict, List, Optional
 
-from .. import torchcompat
+import numpy as np
+
+from ..converter.checkpoint import torch_load_weights_only
+from ..core import torchcompat
+from ..core.numerics import same_arrays
+from .torch_module import build_module, export_program
 
 
 class Gate:
@@ -95,12 +101,8 @@ def _save(ep) -> bytes:
 
 
 def _same_tensors(kept, tensors) -> bool:
-    """``numerics.same_arrays``, never an array compared with itself or a view of it (a policy changed in
+    """``core.numerics.same_arrays``, never an array compared with itself or a view of it (a policy changed in
     place since would compare equal to what it was)."""
-    import numpy as np
-
-    from ..numerics import same_arrays
-
     return not any(np.may_share_memory(kept[k], v) for k, v in tensors.items() if k in kept) \
         and same_arrays(kept, tensors)
 
@@ -129,8 +131,6 @@ class ProgramWriter:
     def _trace(self, policy, module) -> Optional[bytes]:
         """Trace the architecture of ``policy`` if it is new (alone: torch.export is not thread-safe);
         returns the first policy's bytes when this call traced, else None."""
-        from .torch_module import export_program
-
         spec = policy.spec
         if spec in self._programs:
             return None
@@ -175,8 +175,6 @@ class ProgramWriter:
     def _program_bytes(self, policy) -> bytes:
         import torch
 
-        from .torch_module import build_module
-
         module = build_module(policy, "cpu", "float32")
         first = self._trace(policy, module)
         if first is not None:
@@ -218,10 +216,6 @@ def unsafe_reason(data: bytes) -> Optional[str]:
     pickles, and sample inputs that load weights-only. Read with torch's own
     archive reader (``torchcompat.open_pt2``: ``zipfile`` where torch has none); nothing is unpickled
     but those sample inputs, weights-only."""
-    import json
-
-    from ..converter.checkpoint import torch_load_weights_only
-
     P = torchcompat.pt2_layout()
     try:
         with torchcompat.open_pt2(data) as r:

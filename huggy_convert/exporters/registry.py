@@ -1,31 +1,28 @@
 """The artifact kinds built from a canonical policy, one exporter each (one file per kind).
 
 ``EXPORTERS[kind](policy, opset, writer) -> bytes``. Adding an artifact kind: its exporter module,
-one entry here, its suffix in ``artifacts.SUFFIXES``, and what check 6 (``verify.engine.check_files``)
+one entry here, its suffix in ``core.artifacts.SUFFIXES``, and what check 6 (``verify.engine.check_files``)
 regenerates to compare it with.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict
 
-from ..artifacts import ONNX, PT2, SAFETENSORS
+from ..converter import policy_bytes
+from ..core.artifacts import ONNX, PT2, SAFETENSORS
+from .onnx_export import build_onnx, model_bytes
+from .pt2 import program_bytes
 
 
 def _safetensors(policy, opset, writer) -> bytes:
-    from ..converter import policy_bytes
-
     return policy_bytes(policy.tensors, policy.metadata)
 
 
 def _onnx(policy, opset, writer) -> bytes:
-    from .onnx_export import build_onnx, model_bytes
-
     return model_bytes(build_onnx(policy, opset=opset))
 
 
 def _pt2(policy, opset, writer) -> bytes:
-    from .pt2 import program_bytes
-
     return program_bytes(policy, writer)
 
 

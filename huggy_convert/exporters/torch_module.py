@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import io
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -25,8 +26,10 @@ from torch.nn import functional as F
 
 from .. import blocks
 from .. import contract as C
-from .. import torchcompat
-from ..converter import Policy
+from ..core import torchcompat
+from ..core.files import atomic_write_bytes
+from ..core.flow import MASK, TorchFlow
+from ..core.policy import Policy
 from .devices import resolve_device, torch_dtype
 
 
@@ -203,7 +206,7 @@ class PolicyModule(nn.Module):
         eager = not torch.compiler.is_compiling()  # a traced graph stays functional: sub/div/clamp/silu, addmm
         vec = eager and self._row_as_vector and inputs[0].size(0) == 1
         inplace = eager and not torch.is_grad_enabled()  # only where autograd cannot need the overwritten value
-        f = blocks.TorchFlow(self, dict(zip(self._input_names, inputs)), vec, inplace, sampling=sampling)
+        f = TorchFlow(self, dict(zip(self._input_names, inputs)), vec, inplace, sampling=sampling)
         for observe in self._observe:
             observe(f)
         enc, own = f.encoded, self._own_obs  # ML-Agents' ObservationEncoder: in observation order, ...
@@ -266,7 +269,7 @@ def example_inputs(spec, batch: int = 2, device: str = "cpu"):
     """One tensor per input port: zeros, and every action allowed."""
     def one(port):
         shape = [batch if d == C.BATCH_DIM else d for d in port.dims]
-        return (torch.ones if port.kind == blocks.MASK else torch.zeros)(*shape, device=device)
+        return (torch.ones if port.kind == MASK else torch.zeros)(*shape, device=device)
 
     return tuple(one(p) for p in spec.io_signature().inputs)
 
@@ -288,10 +291,6 @@ def export_program(module: PolicyModule):
 
 
 def save_program(ep, path) -> None:
-    import io
-
-    from ..converter import atomic_write_bytes
-
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     atomic_write_bytes(path, buf.getvalue())

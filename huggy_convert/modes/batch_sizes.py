@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from .common import ModeResult, fp32_agree, fp32_reference, g, tolerance
 from .sources import Source, make_feed, make_runner
 
@@ -20,8 +21,6 @@ def batch_sizes(src: Source, device: str = "cpu", dtype: str = "float32", runtim
     verify applies; bitwise reported). Times: median of ``repeats`` runs after one warm-up."""
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] < 1:
-        from ..errors import InputError
-
         raise InputError(f"batch sizes must be positive integers, got {list(sizes)}")
     runner = make_runner(src, device, dtype, runtime)
     big = sizes[-1]

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import HuggyError, InputError
-from ..runtime import INTRA_OP_THREADS, ort_session
+from ..exporters.devices import resolve_device
+from ..runtime import INTRA_OP_THREADS, ort_session, torch_threads
 from .common import ModeResult, percentiles, rss_bytes, time_calls
 from .sources import (RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
                       make_runner)
@@ -52,7 +53,6 @@ def benchmark(path, devices: Optional[Sequence[str]] = None, runtimes: Sequence[
         raise InputError(f"--threads must be at least 1, got {threads}")
     if RUNTIME_TORCH not in runtimes:
         return _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads)
-    from ..runtime import torch_threads
 
     with torch_threads(threads):
         return _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src, threads)
@@ -75,8 +75,6 @@ def _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src
             rss0 = rss_bytes()
             try:
                 if dev.startswith("cuda") and rt == RUNTIME_TORCH:
-                    from ..exporters.devices import resolve_device
-
                     _cuda_reset(resolve_device(dev))
                 t0 = time.perf_counter()
                 s = load_source(path) if src is None else src

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..core.bounds import PRECISIONS
+from ..verify.bounds import Float64Policy, judge, reference_forward, within_both
 from ..verify.compare import DEFAULT_TOLERANCES, Comparison, Tolerance, array_stats, compare_arrays
 from .sources import to_jsonable
 
@@ -63,16 +67,12 @@ def compare_outputs(ref: Dict[str, np.ndarray], got: Dict[str, np.ndarray], name
 
 def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
     """The float64 reference of ``policy`` on ``feed`` (verify.bounds), for :func:`fp32_agree`."""
-    from ..verify.bounds import reference_forward
-
     return reference_forward(policy, feed, noise)
 
 
 def half_reference(policy, feed: Dict[str, np.ndarray], dtype: str):
     """The float64 reference of ``policy`` on ``feed`` with the bounds of a ``dtype`` (float16,
-    bfloat16) runtime (verify.bounds.Precision), for :func:`half_agree`."""
-    from ..verify.bounds import PRECISIONS, Float64Policy
-
+    bfloat16) runtime (core.bounds.Precision), for :func:`half_agree`."""
     return Float64Policy(policy).forward(feed, precision=PRECISIONS[dtype])
 
 
@@ -80,8 +80,6 @@ def half_agree(ref, name: str, ref32: np.ndarray, got: np.ndarray) -> Comparison
     """verify's rule for a float16 / bfloat16 run ``got``: every element within the derived bound of
     ``ref`` (:func:`half_reference`; an argmax flip within its float64 logit margin passes). The
     figures are ``got`` against ``ref32`` (the CPU float32 run); ``bound_ratio`` = max error / bound."""
-    from ..verify.bounds import judge
-
     j = judge(ref, name, got)
     s = array_stats(ref32, got)
     return Comparison.of(s, j["ok"], f"derived {ref.precision.name} bound", bound_ratio=j.get("ratio"))
@@ -93,8 +91,6 @@ def fp32_agree(ref, name: str, a: np.ndarray, b: np.ndarray) -> Comparison:
     (:func:`fp32_reference`), so ``|a - b| <= 2 bound`` (verify.bounds.within_both); argmax outputs:
     each equal to the reference's or a float32 tie. The figures are ``a`` against ``b``;
     ``bound_ratio`` = max |a - b| / (2 bound)."""
-    from ..verify.bounds import judge, within_both
-
     if name not in ref.values:
         return Comparison(count=0, bitwise_equal=0, max_abs=float("inf"), ok=False,
                           rule=f"'{name}' is not an output of the reference")
@@ -130,12 +126,9 @@ def rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
             pages = int(f.read().split()[1])
-        import os
 
         return pages * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         import resource
-        import sys
-
         r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return r if sys.platform == "darwin" else r * 1024

@@ -6,8 +6,12 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from .. import contract as C
-from ..errors import ExportError, InputError
+from ..errors import DeviceError, ExportError, InputError
+from ..exporters.onnx_export import build_onnx
+from ..pipeline import prepare_conversion
+from ..verify import VerifyOptions
 from ..verify.compare import Comparison
+from ..verify.engine import compare_with_official
 from .common import ModeResult
 from .sources import CKPT_SUFFIXES, Source, display_path, load_onnx, load_source
 
@@ -51,8 +55,6 @@ def _policy_for(ref_src: Source, onnx_path: Path, divisor: str = "auto"):
     make it: a checkpoint's divisors are decided against that file (pipeline.prepare_conversion); a
     canonical policy keeps the divisors it stores (the artifacts' own)."""
     if ref_src.checkpoint is not None:
-        from ..pipeline import prepare_conversion
-
         return prepare_conversion(ref_src.checkpoint, onnx_path, divisor=divisor, lenient=True).conversion.policy
     return ref_src.policy
 
@@ -82,11 +84,6 @@ def onnx_compare(ref_src: Source, onnx_paths: Sequence[Path] = (), rows: Sequenc
     golden inputs ML-Agents' generator wrote beside it); a checkpoint's divisor is decided against
     the file as a conversion decides it. The verdict is verify's: ``bitwise=True`` also refuses the
     derived-bound judgement of divisors 1 ulp apart."""
-    from ..errors import DeviceError
-    from ..exporters.onnx_export import build_onnx
-    from ..verify import VerifyOptions
-    from ..verify.engine import compare_with_official
-
     if device not in ("cpu", "auto"):
         raise DeviceError(f"--device {device}: onnx-compare runs onnxruntime's CPU execution provider, the reference "
                           "runtime its verdict is defined on")

@@ -5,16 +5,21 @@ against the official ONNX (the ``<stem>.onnx`` beside a checkpoint, the input ON
 bitwise in onnxruntime)."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Dict, Optional
 
 from .. import contract as C
-from ..converter import atomic_write_bytes
-from ..errors import ExportError, InputError
+from ..core.files import atomic_write_bytes
+from ..errors import DeviceError, ExportError, InputError
+from ..exporters.atc import atc_plan, render
+from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
+from ..pipeline import default_reference, load_reference, prepare_conversion
+from ..runtime import STOCHASTIC, OrtRunner, make_noise
+from ..verify import VerifyOptions
 from ..verify.compare import Comparison, compare_arrays
-from ..runtime import OrtRunner, make_noise
+from ..verify.engine import compare_with_official
 from .common import ModeResult, g
-from ..runtime import STOCHASTIC
 from .sources import KIND_CHECKPOINT, KIND_ONNX, Source, display_path, make_feed
 
 
@@ -31,8 +36,6 @@ def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
     if src.kind == KIND_ONNX:
         return src.path if src.has_tensors else None
     if src.kind == KIND_CHECKPOINT:
-        from ..pipeline import default_reference
-
         return default_reference(src.path)
     return None
 
@@ -45,8 +48,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     is one, else against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
     import onnx
 
-    from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
-
     if opset not in C.ONNX_OPSETS:
         raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
                           f"({C.opset_story()})")
@@ -54,8 +55,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         raise ExportError(f"--dtype {dtype}: the Unity-contract ONNX is float32 (cast at deployment, e.g. ATC "
                           "--precision_mode; the torch module takes --dtype)", src.path)
     if device not in ("cpu", "auto"):
-        from ..errors import DeviceError
-
         raise DeviceError(f"--device {device}: export verifies in onnxruntime's CPU execution provider, the "
                           "reference runtime")
     out = Path(out) if out else default_out(src, opset)
@@ -64,8 +63,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     official_path = _official_for(src, reference)
     official = None
     if official_path is not None:
-        from ..pipeline import load_reference
-
         official = load_reference(official_path)
     r = ModeResult("export")
     policy = src.policy
@@ -79,7 +76,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         data = src.path.read_bytes()
     else:
         if official is not None and src.checkpoint is not None:  # the divisor decided against it, as convert does
-            from ..pipeline import prepare_conversion
 
             policy = prepare_conversion(src.checkpoint, official_path).conversion.policy
         model = build_onnx(policy, opset)
@@ -97,9 +93,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     outs: Dict[str, Dict] = {}
     checks = []
     if official is not None and not noise_input:
-        from ..verify import VerifyOptions
-        from ..verify.engine import compare_with_official
-
         checks = compare_with_official(policy, loaded, official, official_path, VerifyOptions(rows=rows, seed=seed),
                                        subject=display_path(out))
         for ch in checks[-1].children:
@@ -130,7 +123,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     if src.kind == KIND_ONNX and src.has_tensors:
         r.data["note"] = "rebuilt from the tensors recovered from the input ONNX"
     r.ok = r.ok and matched
-    import hashlib
 
     r.data.update({"source": src.label, "out": display_path(out), "opset": opset, "noise_input": noise_input,
                    "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "checker_full_check": checker,
@@ -138,7 +130,6 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
                    "bitwise": bool(outs) and all(o.get("bitwise", False) for o in outs.values())})
     if checks:
         r.data["checks"] = [c.to_dict() for c in checks]
-    from ..exporters.atc import atc_plan, render
 
     r.data["atc"] = atc_plan(loaded, display_path(out), src.spec)
     r.lines.append(f"export {src.label} -> {display_path(out)} (opset {opset}{', noise input' if noise_input else ''}, "

@@ -7,12 +7,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import __version__
 from .. import contract as C
-from ..converter.from_onnx import describe_recovered, recovered_record
 from ..blocks import encoders
-from .common import ModeResult, g
+from ..core.version import __version__
+from ..exporters.devices import device_name, resolve_device
+from ..importers.from_onnx import describe_recovered, recovered_record
 from ..runtime import ort_providers
+from .common import ModeResult, g
 from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
 
 # A dimension whose per-step variance (running_variance / steps) is below this is "constant":
@@ -24,8 +25,6 @@ def environment() -> Dict[str, object]:
     import onnx
     import onnxruntime
     import torch
-
-    from ..exporters.devices import device_name
 
     devs = devices_present()
     return {"huggy_convert": __version__, "python": platform.python_version(), "torch": torch.__version__,
@@ -105,7 +104,6 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
     params = counted_parameters(src)
     norm = normalizer_summary(src)
     env = environment()
-    from ..exporters.devices import resolve_device
 
     try:
         resolved = resolve_device(device) if src.kind != KIND_ONNX else None

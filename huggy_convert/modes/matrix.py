@@ -27,13 +27,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
+from ..converter import save_policy
+from ..core.files import atomic_write_bytes
 from ..errors import HuggyError, InputError
 from ..rundir import newest_checkpoint, step_checkpoints
-from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
+from ..runtime import draw_noise, ort_providers, torch_threads
 from ..verify.compare import compare_arrays
+from .actions import sample
+from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
+from .export import export
+from .info import environment
 from .matrix_cases import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st
-from ..runtime import ort_providers
-from .sources import CKPT_SUFFIXES, Source, devices_present, display_path, load_source, make_feed, make_runner
+from .sources import (CKPT_SUFFIXES, Source, devices_present, display_path, load_source, make_feed, make_runner,
+                      to_jsonable)
 
 GROUPS = {
     1: "environment and model info",
@@ -73,8 +79,6 @@ class Case:
         return ", ".join(self.definition.needs) or None
 
     def to_dict(self) -> Dict[str, Any]:
-        from .sources import to_jsonable
-
         return to_jsonable({"number": self.number, "group": self.group, "title": self.title, "command": self.command,
                             "verdict": self.verdict, "figures": self.figures, "note": self.note,
                             "timings": self.timings})
@@ -279,16 +283,12 @@ class Matrix:
         return self.out / name
 
     def safetensors(self) -> Path:
-        from ..converter import save_policy
-
         p = self.file(f"{self.ck.stem}.safetensors")
         if not p.is_file():
             save_policy(self.main.policy, p)
         return p
 
     def exported(self, opset: int, ck: Optional[Path] = None, noise: bool = False):
-        from .export import export
-
         ck = ck or self.ck
         p = self.file(f"{ck.stem}.opset{opset}{'.noise' if noise else ''}.onnx")
         return p, export(self.src(ck), opset, p, noise_input=noise)
@@ -324,14 +324,10 @@ class Matrix:
         return Outcome(ok, figs)
 
     def sample(self, path, seed, rows=8, runtime="auto", device="cpu"):
-        from .actions import sample
-
         return sample(self.src(path), device=device, runtime=runtime, rows=rows, seed=seed).data["outputs"]
 
     def sample_agree(self, path, a, b, rows, seed=0) -> Outcome:
         """Two float32 samples of ``path`` with the seed's CPU noise, judged by the derived bound."""
-        from ..runtime import draw_noise
-
         s = self.src(path)
         eps, _ = draw_noise(s.spec, rows, seed)
         return self.agree(path, make_feed(s, "random", rows, 0), a, b, [C.OUT_CONT], eps)
@@ -385,10 +381,6 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
     """Run the table on ``source`` (a checkpoint or run directory; see :func:`resolve_target`), write
     OUT/matrix.log and OUT/matrix.json."""
     import click
-
-    from ..converter import atomic_write_bytes
-    from ..runtime import torch_threads
-    from .info import environment
 
     target = resolve_target(source, fixtures)
     out = Path(out)

@@ -11,18 +11,31 @@ import json
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import contract as C
+from ..converter import load_policy
+from ..errors import DeviceError
+from ..exporters.devices import resolve_device
+from ..exporters.torch_module import build_module, export_program, save_program
+from ..runtime import ModuleRunner, ProgramRunner, draw_noise, module_runner
+from ..verify.checks import check_onnx_structure, fingerprint as fp
 from ..verify.compare import DEFAULT_TOLERANCES, Comparison, compare_arrays
+from .actions import act, sample
+from .batch_sizes import batch_sizes
+from .benchmark import benchmark
 from .common import FAIL, PASS, SKIP, g
-from .sources import make_feed, make_runner
+from .compare import onnx_compare
+from .export import export
+from .fingerprint import fingerprint
+from .info import counted_parameters, environment, normalizer_summary
+from .precision import precision
+from .sources import make_feed, make_runner, run_inventory
+from .stats import rollout
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .matrix import Matrix
-
+Matrix = Any  # the running modes.matrix.Matrix: it imports this table, so the table does not import it
 LATENCY_BUDGET_MS = 50.0  # p99 per call, batch <= 64, CPU: a loose bound that only a broken build misses
 TAMPER = 1e-3
 
@@ -58,8 +71,8 @@ class CaseDef:
 
     group: int
     title: str
-    command: Callable[["Matrix"], str]
-    check: Callable[["Matrix"], Outcome]
+    command: Callable[[Matrix], str]
+    check: Callable[[Matrix], Outcome]
     needs: Tuple[str, ...] = ()
     quick: bool = True
 
@@ -67,7 +80,7 @@ class CaseDef:
 TABLE: List[CaseDef] = []
 
 
-def case(group: int, title: str, command: Callable[["Matrix"], str], needs: Sequence[str] = (), quick: bool = True):
+def case(group: int, title: str, command: Callable[[Matrix], str], needs: Sequence[str] = (), quick: bool = True):
     """Add the decorated check (or, called with it, a bound one) to :data:`TABLE`."""
     def add(check):
         TABLE.append(CaseDef(group, title, command, check, tuple(needs), quick))
@@ -102,8 +115,6 @@ def main_output(spec) -> str:
 # 1 environment and model info ----------------------------------------------------------------------
 @case(1, "environment: versions and devices", lambda m: m.cmd("info", m.home))
 def c_env(m):
-    from .info import environment
-
     e = environment()
     return Outcome("cpu" in e["devices"], {k: e[k] for k in ("torch", "onnx", "onnxruntime", "numpy")} |
                    {"devices": list(e["devices"]), "ort_providers": e["onnxruntime_providers"]})
@@ -112,8 +123,6 @@ def c_env(m):
 @case(1, "spec and parameter count (formula = tensors; the bundled Huggy: its known counts)",
       lambda m: m.cmd("info", m.ck))
 def c_params(m):
-    from .info import counted_parameters
-
     s = m.main
     c = counted_parameters(s)
     ok = c["linear"] == c["tensors_linear"] and c[C.P_WITH_LOG_SIGMA] == c[C.P_TENSORS_WITH_LOG_SIGMA]
@@ -129,8 +138,6 @@ def c_params(m):
 
 @case(1, "normalizer summary", lambda m: m.cmd("info", m.ck), needs=("normalizer",))
 def c_norm(m):
-    from .info import normalizer_summary
-
     n = normalizer_summary(m.main)
     ok = bool(n) and all(x["steps"] and x["steps"] > 0 and x["divisor_range"][0] > 0
                          and np.isfinite(x["divisor_range"][1]) and x["variance_range"][0] > 0 for x in n)
@@ -143,8 +150,6 @@ def c_norm(m):
 @case(1, f"run-directory checkpoint inventory ({Path(C.STATUS_FILE).name})", lambda m: m.cmd("info", m.home),
       needs=("rundir",))
 def c_inv(m):
-    from .sources import run_inventory
-
     inv = run_inventory(m.t.run_dir)
     beh = inv["behaviors"].get(m.ck.parent.name)
     rows = beh["checkpoints"] if beh else [r for b in inv["behaviors"].values() for r in b["checkpoints"]]
@@ -181,8 +186,6 @@ def c_variants(m):
 @case(1, "canonical safetensors round trip (bitwise)",
       lambda m: f"huggy-convert {m.p(m.ck)} {m.p(m.out)}/ --no-verify --no-program")
 def c_st(m):
-    from ..converter import load_policy
-
     p = m.safetensors()
     back = load_policy(p)
     pol = m.main.policy
@@ -195,8 +198,6 @@ def c_st(m):
 @case(1, "official ONNX: spec and parameters read from the graph", lambda m: m.cmd("info", m.off or "<stem>.onnx"),
       needs=("official",))
 def c_onnx_info(m):
-    from .info import counted_parameters
-
     so, sc = m.src(m.off), m.main
     a, b = so.spec, sc.spec
     keys = ("obs_sizes", "continuous_size", "discrete_branches", "memory_size", "hidden_units", "num_layers",
@@ -217,8 +218,6 @@ case(2, "zeros: torch vs official ONNX within the derived bound; rebuilt ONNX bi
 @case(2, "zeros through an ONNX input equals the checkpoint through onnxruntime (bitwise)",
       lambda m: m.cmd("act", m.off or "<stem>.onnx", "--obs zeros"), needs=("official",))
 def c_zero_onnx(m):
-    from .actions import act
-
     out = main_output(m.spec)
     a = act(m.main, runtime="onnxruntime", obs="zeros")
     b = act(m.src(m.off), obs="zeros")
@@ -256,8 +255,6 @@ def probes_npy(m, rows: Optional[int] = None) -> Path:
       lambda m: m.cmd("act", m.ck, f"--obs {m.p(m.out)}/probes.{'npy' if _flat(m) else 'npz'} --rows 64"),
       needs=("official",))
 def c_npy(m):
-    from .actions import act
-
     p = probes_npy(m)
     o = m.vs_official(m.ck, make_feed(m.main, str(p)))
     if m.spec.continuous_size:
@@ -269,8 +266,6 @@ def c_npy(m):
 @case(2, "observations from JSON equal the same rows from .npy (.npz beside entity sets; bitwise)",
       lambda m: m.cmd("act", m.ck, f"--obs {m.p(m.out)}/obs.json"))
 def c_json(m):
-    from .actions import act
-
     p4, jp = probes_npy(m, 4), m.file("obs.json")
     if _flat(m):
         jp.write_text(json.dumps(np.load(p4).tolist()))
@@ -287,8 +282,6 @@ def c_json(m):
 @case(2, "safetensors policy acts exactly like the checkpoint",
       lambda m: m.cmd("act", m.out / f"{m.ck.stem}.safetensors", "--obs zeros"))
 def c_st_act(m):
-    from .actions import act
-
     out = main_output(m.spec)
     a = act(m.src(m.safetensors()), obs="zeros").data["outputs"]
     b = act(m.main, obs="zeros").data["outputs"]
@@ -312,8 +305,6 @@ def c_old(m):
 @case(2, "two observations: .npz by input name = concatenated .npy; vs official",
       lambda m: m.cmd("act", m.variant_label("twoobs"), f"--obs {m.p(m.out)}/twoobs.npz"))
 def c_twoobs(m):
-    from .actions import act
-
     vck = m.variant("twoobs")
     s = m.src(vck)
     feed = make_feed(s, "random", 4, 0)
@@ -374,8 +365,6 @@ def c_ort_sample(m):
 @case(3, "sample = clip(mu + eps*exp(log sigma), -3, 3)/3 with the seed's CPU noise",
       lambda m: m.cmd("sample", m.ck, "--seed 5 --rows 256"), needs=("ppo_continuous",))
 def c_formula(m):
-    from ..runtime import draw_noise
-
     s = m.main
     feed = make_feed(s, "random", 256, 0)
     det = m.det(m.ck, feed)[C.OUT_CONT_DET].astype(np.float64)
@@ -422,8 +411,6 @@ def c_sac(m):
 @case(3, "hybrid ONNX: continuous sample = checkpoint; unseeded discrete said so",
       lambda m: m.cmd("sample", Path(m.variant_label("hybrid")).with_suffix(".onnx"), "--seed 0 --rows 64"))
 def c_hybrid(m):
-    from .actions import sample
-
     vck = m.variant("hybrid")
     r = sample(m.src(m.official_of(vck)), rows=64, seed=0)
     a = m.sample(vck, 0, 64)
@@ -434,8 +421,6 @@ def c_hybrid(m):
 
 # 4 batch sizes -------------------------------------------------------------------------------------
 def c_batch(m, path=None, dtype="float32", runtime="auto", device="cpu", variant=None):
-    from .batch_sizes import batch_sizes
-
     path = m.variant(variant) if variant else (path(m) if callable(path) else m.ck)
     r = batch_sizes(m.src(path), device, dtype, runtime, repeats=1 if m.quick else 5)
     figs = {}
@@ -473,8 +458,6 @@ case(5, "the CPU fp32 module vs official ONNX on 64 probes (derived float32 boun
 
 
 def c_prec(m, dev, dtype):
-    from .precision import precision
-
     r = precision(m.main, [dev], [dtype], 64, 0)
     row = r.data["results"][0]
     if row["status"] == SKIP:
@@ -500,9 +483,6 @@ def c_fp16_norm(m):
     """The module in fp16 keeps its normalizer fp32 and stays within fp16's tolerance. That an fp16
     normalizer fails depends on the policy's scale: required on the bundled Huggy (the known trap),
     reported for any other input."""
-    from ..exporters.torch_module import build_module
-    from ..runtime import module_runner
-
     s = m.main
     out = C.OUT_CONT_DET
     feed = make_feed(s, "probes", 64, 0)
@@ -521,8 +501,6 @@ def c_fp16_norm(m):
 @case(5, "every variant in fp16 on cpu (floats within fp16 tolerance; argmax flips reported)",
       lambda m: m.variants_cmd("precision", "--device cpu --dtype float16"), needs=("variants",))
 def c_var_fp16(m):
-    from .precision import precision
-
     figs, ok = {}, True
     for name, vck in m.present_variants():
         row = precision(m.src(vck), ["cpu"], ["float16"], 64, 0).data["results"][0]
@@ -536,9 +514,6 @@ def c_var_fp16(m):
 @case(5, "fp16 on an ONNX input: refused with a one-line error naming the file (exit 2)",
       lambda m: m.cmd("act", m.off or "<stem>.onnx", "--dtype float16"), needs=("official",))
 def c_onnx_dtype(m):
-    from ..errors import DeviceError
-    from .actions import act
-
     try:
         act(m.src(m.off), dtype="float16")
     except DeviceError as e:
@@ -549,8 +524,6 @@ def c_onnx_dtype(m):
 
 # 6 ONNX cross-validation ---------------------------------------------------------------------------
 def compare_onnx(m, ref, onnx_files, rows, expect_ok=True) -> Outcome:
-    from .compare import onnx_compare
-
     r = onnx_compare(m.src(ref), onnx_files, rows=rows, seed=0, bitwise=True)
     f = r.data["files"][0]
     figs = {"structure": f.get("structure", {}).get("status"), "bitwise": f.get("bitwise", False)}
@@ -610,8 +583,6 @@ for _name in VARIANTS:
 
 # 7 fingerprints ------------------------------------------------------------------------------------
 def fpr(m, path, steps=(64, 128), seed=0, runtime="auto", device="cpu"):
-    from .fingerprint import fingerprint
-
     return fingerprint(m.src(path), device, "float32", runtime, steps, seed)
 
 
@@ -657,8 +628,6 @@ def c_fp_seed(m):
 @case(7, "every variant: torch stable, rebuilt ONNX = official ONNX on the same probes (LSTM memory fed back)",
       lambda m: m.variants_cmd("fingerprint", "--steps 64 --runtime onnxruntime"), needs=("variants",))
 def c_fp_variants(m):
-    from ..verify.checks import fingerprint as fp
-
     figs, ok = {}, True
     for name, vck in m.present_variants():
         s = m.src(vck)
@@ -685,8 +654,6 @@ for _dev in ("cuda", "npu"):
 
 # 8 closed-loop stats -------------------------------------------------------------------------------
 def roll(m, path, stochastic=False, runtime="auto", device="cpu", steps=256, rows=8):
-    from .stats import rollout
-
     return rollout(m.src(path), device, "float32", runtime, steps, rows, 0, stochastic)
 
 
@@ -767,8 +734,6 @@ for _dev in ("cuda", "npu"):
 
 # 9 latency -----------------------------------------------------------------------------------------
 def c_lat(m, runtime, device="cpu", batch=1, onnx_input=False):
-    from .benchmark import benchmark
-
     path = m.off if onnx_input else m.ck
     r = benchmark(path, [device], [runtime], [batch], "float32", warmup=20, iters=200, src=m.src(path))
     row = r.timings["rows"][0]
@@ -800,8 +765,6 @@ case(9, "onnxruntime cpu, official ONNX input, batch 1",
 @case(9, "load time (file -> ready) and RSS delta, torch and onnxruntime", lambda m: m.cmd("benchmark", m.ck, "--device cpu"),
       quick=False)
 def c_load(m):
-    from .benchmark import benchmark
-
     r = benchmark(m.ck, ["cpu"], ["torch", "onnxruntime"], [1], "float32", warmup=2, iters=10)
     t = {f"{x['runtime']}_load_ms": round(x["load_s"] * 1e3, 2) for x in r.timings["rows"]}
     t.update({f"{x['runtime']}_rss_delta_mb": round(x["rss_delta_mb"], 1) for x in r.timings["rows"]})
@@ -839,8 +802,6 @@ for _opset in C.ONNX_OPSETS:
 def c_struct(m):
     import onnx
 
-    from ..verify.checks import check_onnx_structure
-
     p, _ = m.exported(9)
     c = check_onnx_structure(onnx.load(str(p)), onnx.load(str(m.off)), "rebuilt", m.p(m.off))
     return Outcome(c.status == "pass", {k.title: k.status for k in c.children})
@@ -849,8 +810,6 @@ def c_struct(m):
 @case(10, "export from the safetensors policy = export from the checkpoint (bytes)",
       lambda m: m.cmd("export", m.out / f"{m.ck.stem}.safetensors", "--opset 13"))
 def c_st_export(m):
-    from .export import export
-
     p = m.file(f"{m.ck.stem}.from-safetensors.opset13.onnx")
     export(m.src(m.safetensors()), 13, p)
     q, _ = m.exported(13)
@@ -861,8 +820,6 @@ def c_st_export(m):
 @case(10, "an ONNX alone re-exported at opset 13: rebuilt from the tensors recovered from it, bitwise against it",
       lambda m: m.cmd("export", m.off or "<stem>.onnx", "--opset 13"), needs=("official",))
 def c_onnx_reexport(m):
-    from .export import export
-
     r = export(m.src(m.off), 13, m.file(f"{m.off.stem}.from-onnx.opset13.onnx"))
     return Outcome(r.ok and r.data["bitwise"], {"bitwise": r.data["bitwise"], "checker": r.data["checker_full_check"],
                                                 "outputs": len(r.data["outputs"])})
@@ -892,9 +849,6 @@ def c_var_export(m):
 @case(10, "torch.export .pt2: loads with torch.export.load, equals the module (derived float32 bound)",
       lambda m: f"huggy-convert {m.p(m.ck)} {m.p(m.out)}/ --no-verify", quick=False)
 def c_pt2(m):
-    from ..exporters.torch_module import build_module, export_program, save_program
-    from ..runtime import ModuleRunner, ProgramRunner
-
     s = m.main
     mod = build_module(s.policy)
     p = m.file(f"{m.ck.stem}.pt2")
@@ -909,8 +863,6 @@ def c_pt2(m):
 
 @case(10, "--device auto resolves and agrees with cpu", lambda m: m.cmd("act", m.ck, "--obs probes --rows 64 --device auto"))
 def c_auto(m):
-    from ..exporters.devices import resolve_device
-
     feed = make_feed(m.main, "probes", 64, 0)
     a = m.det(m.ck, feed, device="auto")
     b = m.det(m.ck, feed)

@@ -5,6 +5,9 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import contract as C
 from ..errors import HuggyError
+from ..exporters.devices import NPU
+from ..exporters.torch_module import build_module
+from ..runtime import ModuleRunner, OrtRunner, cann_available
 from .common import (FAIL, PASS, SKIP, WARN, ModeResult, fp32_agree, fp32_reference, g, half_agree, half_reference,
                      tolerance)
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
@@ -112,10 +115,6 @@ def _atc_modes(r: ModeResult, src: Source, feed, ref, f64, names, devices) -> No
     ``must_keep_origin_dtype`` as the rebuilt ONNX in onnxruntime, judged by the derived float32 bound.
     Where onnxruntime-cann is installed and an NPU is among the devices, the same ONNX runs on it
     through the CANN execution provider with each precision mode. Advisory: none fails the command."""
-    from ..exporters.devices import NPU
-    from ..exporters.torch_module import build_module
-    from ..runtime import ModuleRunner, OrtRunner, cann_available
-
     f16 = half_reference(src.policy, feed, "float16")
     rows: List[Dict] = []
 

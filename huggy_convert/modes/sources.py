@@ -2,7 +2,7 @@
 observation feeds, and which runtime runner (runtime/: torch eager on cpu/cuda/npu, onnxruntime on
 CPU / CUDA EP) runs it.
 
-An ML-Agents ONNX is read back into its canonical policy (``converter.from_onnx``): it runs through
+An ML-Agents ONNX is read back into its canonical policy (``importers.from_onnx``): it runs through
 onnxruntime as it is (the default), and through torch from the recovered tensors (``--runtime torch``,
 any dtype and device). An ONNX whose graph is not ML-Agents' export, node for node, but whose inputs and
 outputs are, still runs in onnxruntime (float32); where a mode needs the tensors the error says why
@@ -20,12 +20,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
-from ..converter import Checkpoint, Policy, PolicySpec
-from ..converter.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL
-from ..converter.checkpoint import load_npz, read_input_file
+from ..converter import Checkpoint, load_checkpoint, load_policy
 from ..converter.reference import read_onnx
+from ..core.files import load_npz, read_input_file
+from ..core.policy import Policy
+from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
-from ..rundir import STATUS_KEY, newest_checkpoint
+from ..exporters.devices import available_devices
+from ..exporters.onnx_export import build_onnx
+from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
+from ..pipeline import default_reference, prepare_conversion
+from ..rundir import STATUS_KEY, discover, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
@@ -48,8 +53,6 @@ def display_path(p) -> str:
 def run_inventory(run_dir) -> Dict[str, object]:
     """Checkpoint inventory of a run directory (``rundir.discover``: training_status.json, else
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
-    from ..rundir import discover
-
     found = discover(Path(run_dir))
     status, items, warnings = found.status, found.items, found.warnings
     out: Dict[str, object] = {"run_dir": str(run_dir), STATUS_KEY: display_path(status) if status else None,
@@ -185,8 +188,6 @@ class Source:
 
     def rebuilt_onnx(self, opset: int = C.ONNX_OPSET_DEFAULT):
         """Our ONNX rebuilt from the canonical tensors (cached per opset)."""
-        from ..exporters.onnx_export import build_onnx
-
         self.require_tensors("rebuilding an ONNX")
         key = f"onnx{opset}"
         if key not in self._cache:
@@ -245,9 +246,6 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
     """Read a mode's input: ``.pt`` checkpoint, ``.safetensors`` policy, ``.onnx`` model, or a run
     directory (its newest step checkpoint). A checkpoint's divisors are decided as a conversion
     decides them (``pipeline.prepare_conversion``: the sibling official ONNX, ``divisor`` mode)."""
-    from ..converter import load_checkpoint, load_policy
-    from ..pipeline import default_reference, prepare_conversion
-
     p = Path(path)
     t0 = time.perf_counter()
     if not p.exists():
@@ -274,12 +272,9 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
 
 
 def _onnx_source(p: Path) -> Source:
-    """An ONNX input: its canonical policy recovered (``converter.from_onnx``; the divisors are the
+    """An ONNX input: its canonical policy recovered (``importers.from_onnx``; the divisors are the
     graph's own), or, for a graph with ML-Agents' inputs and outputs that is not its export node for
     node, the spec its I/O says and why the tensors could not be recovered."""
-    from ..converter.from_onnx import checkpoint_from_onnx, infer_spec
-    from ..pipeline import prepare_conversion
-
     m, data = read_onnx(p)
     try:
         ckpt = checkpoint_from_onnx(p, m, data)
@@ -443,8 +438,6 @@ def make_runner(src: Source, device: str = "cpu", dtype: str = "float32", runtim
 
 def devices_present() -> List[str]:
     """cpu, each CUDA device, and NPUs (torch_npu is imported only where it is installed)."""
-    from ..exporters.devices import available_devices
-
     return available_devices()
 
 

@@ -8,8 +8,10 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import contract as C
-from ..converter import Policy, PolicySpec
+from .. import blocks, contract as C
+from ..core.policy import Policy
+from ..core.spec import PolicySpec
+from ..exporters.torch_module import draw_noise as torch_noise
 
 
 def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -20,8 +22,6 @@ def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.n
     rest N(0, 3) and zeros (``blocks.normalizer``); pushing the body with clipped inputs drives some
     actions into the +-3 clip as well. Masks allow at least one action per branch; memories are N(0, 1).
     """
-    from .. import blocks
-
     rng = np.random.default_rng(seed)
     feed: Dict[str, np.ndarray] = {}
     for block in blocks.active(policy.spec):
@@ -37,8 +37,6 @@ def make_noise(policy: Policy, rows: int, seed: int = 0) -> np.ndarray:
 def draw_noise(spec: PolicySpec, rows: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
     """(normal noise [rows, A], uniform [rows, branches]): what ``PolicyModule.sample`` draws for ``seed``
     (on the CPU), as numpy arrays."""
-    from ..exporters.torch_module import draw_noise as torch_noise
-
     eps, u = torch_noise(spec, rows, seed)
     return eps.numpy(), u.numpy()
 

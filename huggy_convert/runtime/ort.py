@@ -9,7 +9,9 @@ import numpy as np
 
 from .. import contract as C
 from ..errors import DeviceError, UnsupportedError
+from ..exporters.onnx_export import with_noise_input
 from .base import Feed, RunnerBase
+from .feeds import draw_noise
 
 INTRA_OP_THREADS = 1
 CPU_EP, CUDA_EP, CANN_EP = "CPUExecutionProvider", "CUDAExecutionProvider", C.CANN_EP
@@ -138,9 +140,6 @@ class OrtRunner(RunnerBase):
         return ort_run(self.session, feed)
 
     def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
-        from ..exporters.onnx_export import with_noise_input
-        from .feeds import draw_noise
-
         if self.spec is None or not self.spec.continuous_size:
             raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
                                    "node has no seed (give the .pt or .safetensors)", self.path)

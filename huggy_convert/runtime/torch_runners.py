@@ -2,6 +2,7 @@
 with plain ``torch.export.load`` (:class:`ProgramRunner`)."""
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -10,6 +11,8 @@ import numpy as np
 
 from .. import contract as C
 from ..errors import InputError, UnsupportedError
+from ..exporters.pt2 import unsafe_reason
+from ..exporters.torch_module import build_module
 from .base import Feed, RunnerBase
 
 
@@ -40,8 +43,6 @@ class ModuleRunner(RunnerBase):
     @classmethod
     def build(cls, policy, device: str = "cpu", dtype: str = "float32") -> "ModuleRunner":
         """The module of ``policy`` on ``device`` with weights in ``dtype`` (exporters.build_module)."""
-        from ..exporters.torch_module import build_module
-
         t0 = time.perf_counter()
         mod = build_module(policy, device=device, dtype=dtype)
         return cls(mod, dtype, time.perf_counter() - t0)
@@ -77,11 +78,7 @@ class ProgramRunner(RunnerBase):
     runtime = "torch.export"
 
     def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str]):
-        import io
-
         import torch
-
-        from ..exporters.pt2 import unsafe_reason
 
         t0 = time.perf_counter()
         self.path = path

@@ -17,9 +17,13 @@ import onnx
 from onnx import numpy_helper
 
 from .. import contract as C
-from ..converter import Checkpoint, Policy
+from ..converter import Checkpoint
 from ..converter.reference import (compare_divisor, divisor_initializers, divisor_problem, divisor_record,
-                                   policy_ieee_divisors, ulp_problem)
+                                   official_divisors, policy_ieee_divisors, ulp_problem)
+from ..core.policy import Policy
+from ..runtime.feeds import make_probes
+from ..runtime.threads import torch_threads
+from .bounds import Float64Policy, judge
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats
 from .report import FAIL, PASS, SKIP, WARN, Check
 
@@ -145,8 +149,6 @@ def check_divisor(policy: Optional[Policy], ours: onnx.ModelProto, official: onn
     1 ulp on some elements: folded by a sqrt that is not correctly rounded; more: not this normalizer,
     a failure), and the rebuilt one's against the official's (equal when adopted; IEEE with
     ``--divisor ieee``)."""
-    from ..converter.reference import official_divisors
-
     c = Check("normalizer divisor")
     off, reb = official_divisors(official), official_divisors(ours)
     if not off and not reb:
@@ -417,8 +419,6 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
     derived for another format than ``dtype`` (none given for it) falls back to the
     ``DEFAULT_TOLERANCES`` thresholds. ``noised``: ``(run_noise, reference with noise)`` adds
     ``continuous_actions`` with injected noise."""
-    from .bounds import judge
-
     c = Check(title)
     try:
         got = run(feed)
@@ -487,10 +487,6 @@ def reference_fingerprint(policy: Policy, steps: int, seed: int = 0, prepared=No
     policy's bounds.Float64Policy, when the caller has one; ``probes``: ``make_probes(policy, steps,
     seed)``, when the caller has drawn them; ``values32``: what gives ``prepared.values32`` of a feed
     (the verifier's, which reuses a forward already run on the same feed)."""
-    from .bounds import Float64Policy
-    from ..runtime.feeds import make_probes
-    from ..runtime.threads import torch_threads
-
     ref = prepared or Float64Policy(policy)
     if policy.spec.memory_size:
         return fingerprint(ref.values32, policy, steps, seed, probes)
@@ -515,9 +511,6 @@ def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0, probes=None)
     ``runtime.VERIFY_THREADS`` threads (``runtime.torch_threads``): each action is one row's own
     forward, so neither the batch nor the process's thread count enters the bytes hashed. ``probes``:
     ``make_probes(policy, steps, seed)``, when the caller has drawn them (read, never changed)."""
-    from ..runtime.feeds import make_probes
-    from ..runtime.threads import torch_threads
-
     with torch_threads():
         return _fingerprint(step_fn, make_probes(policy, rows=steps, seed=seed) if probes is None else probes,
                             policy, steps)

@@ -8,7 +8,8 @@ from typing import Dict, Optional
 import numpy as np
 
 from .. import contract as C
-from ..numerics import ulp_distance  # noqa: F401 (re-exported: verify.compare.ulp_distance)
+from ..core.numerics import ulp_distance  # noqa: F401 (re-exported: verify.compare.ulp_distance)
+from ..errors import InputError
 
 
 def array_stats(ref: np.ndarray, got: np.ndarray) -> Dict[str, object]:
@@ -191,7 +192,5 @@ def parse_overrides(values) -> Dict[str, float]:
         try:
             out[name or "*"] = float(num)
         except ValueError:
-            from ..errors import InputError
-
             raise InputError(f"bad tolerance '{v}': expected [OUTPUT:]NUMBER, e.g. {C.OUT_CONT_DET}:1e-5") from None
     return out

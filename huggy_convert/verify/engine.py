@@ -6,32 +6,36 @@ import io
 import json
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import onnx
 
-from .. import __version__
 from .. import contract as C
-from ..artifacts import BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
-from ..numerics import same_arrays
-from ..converter import Checkpoint, Policy, atomic_write_bytes
-from ..converter.checkpoint import load_npz
-from ..errors import HuggyError, InputError
-from ..exporters.pt2 import EXPORT_GATE
-from ..exporters.devices import NPU, available_devices, device_name, resolve_device, torch_npu_installed
+from ..converter import Checkpoint
+from ..converter.policy_file import loads
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record, official_divisors
-from ..exporters.onnx_export import model_bytes, with_noise_input
+from ..core.artifacts import BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, ArtifactSet, sha256_bytes
+from ..core.bounds import PRECISIONS
+from ..core.files import atomic_write_bytes, load_npz, read_input_file
+from ..core.numerics import same_arrays
+from ..core.policy import Policy
+from ..core.version import __version__
+from ..errors import HuggyError, InputError
+from ..exporters.devices import NPU, available_devices, device_name, resolve_device, torch_npu_installed
+from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
+from ..exporters.pt2 import EXPORT_GATE, program_bytes
+from ..exporters.torch_module import build_module
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
 from ..runtime import (INTRA_OP_THREADS, VERIFY_THREADS, OrtRunner, cann_available, module_runner, ort_run,
                        ort_session, program_runner, torch_threads)
 from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
-from .bounds import PRECISIONS, Float64Policy, within_both
+from .bounds import Float64Policy, Reference as Ref64, within_both
 from .report import FAIL, PASS, SKIP, WARN, Check, Report
 
 GOLDEN_IN, GOLDEN_OUT, GOLDEN_NOISE, GOLDEN_NOISED = "in.", "out.", "noise", "noised." + C.OUT_CONT
@@ -119,7 +123,7 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
 
 
 def load_golden(path, spec=None) -> Dict[str, Dict[str, np.ndarray]]:
-    """A golden file's arrays (``converter.checkpoint.load_npz``: no pickle, bounded; ``InputError``),
+    """A golden file's arrays (``core.files.load_npz``: no pickle, bounded; ``InputError``),
     holding what check 3 reads from it for ``spec``'s policy: each input in its shape, one row count,
     the deterministic outputs (an empty ``.npz`` is an ``InputError`` too, which the verification makes
     its check 3's failure)."""
@@ -178,8 +182,6 @@ def _ml_agents_golden(official_path: Optional[Path]) -> Optional[Dict[str, np.nd
 
 def _with_divisors(policy: Policy, divisors: Dict[int, np.ndarray]) -> Policy:
     """``policy`` dividing by ``divisors`` (the official ONNX's) instead of its own."""
-    from dataclasses import replace
-
     tensors = dict(policy.tensors)
     for i, d in divisors.items():
         if C.c_divisor(i) in tensors and tensors[C.c_divisor(i)].shape == d.shape:
@@ -203,8 +205,6 @@ def _once(seen: list, session, feed):
 def _without_noise(ref):
     """A float64 reference run with injected noise, as the forward without it: ``continuous_actions``
     (the one output the noise enters) left out."""
-    from .bounds import Reference as Ref64
-
     return Ref64({k: v for k, v in ref.values.items() if k != C.OUT_CONT},
                  {k: v for k, v in ref.bounds.items() if k != C.OUT_CONT}, ref.logits, ref.precision)
 
@@ -442,8 +442,6 @@ def locate_source(rec: Dict[str, str], folder) -> tuple:
     detail): its path relative to ``folder`` first (both trees moved together), then its absolute path.
     A file there with another sha256 is never used. (Read once, by ``read_input_file``: a regular file
     within the size bound.)"""
-    from ..converter.checkpoint import read_input_file
-
     candidates = []
     if rec.get("relative"):
         candidates.append(Path(folder) / rec["relative"])
@@ -491,9 +489,6 @@ def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy,
     the record does not read (a failure too). ``written_bytes``: the bytes the conversion wrote, where it
     still has them (``written`` their sha256): a file read back equal to them, byte for byte, has their
     sha256 without hashing it again."""
-    from ..exporters.onnx_export import build_onnx
-    from ..exporters.pt2 import program_bytes
-
     c = Check("6 files", id="files")
     found: Dict[str, str] = {}
     if damaged_record:
@@ -540,8 +535,6 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
     every device and dtype, the ``.pt2`` through ``torch.export.load``) against the float64 reference
     of the canonical tensors; returns (the check, the cpu float32 module's runner for check 5)."""
     import torch
-
-    from ..exporters.torch_module import build_module
 
     policy, o, spec = ctx.policy, ctx.o, ctx.policy.spec
     feed_name = next(iter(ctx.feeds))
@@ -653,8 +646,6 @@ def check_devices(names) -> None:
 def check_fingerprints(ctx: Context, devices: Sequence[str], cpu32=None) -> Check:
     """Check 5: the float64 reference's fingerprint (the same on every host) and this host's runtimes,
     stable between two runs."""
-    from ..exporters.torch_module import build_module
-
     policy, o = ctx.policy, ctx.o
     c5 = Check("5 determinism fingerprints", id="fingerprints")
     cpu32 = cpu32 or module_runner(build_module(policy, "cpu", "float32"))
@@ -746,9 +737,6 @@ def _not_run(ref: Reference, cid: str) -> Optional[str]:
 def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOptions, devices: List[str],
             written: Optional[Dict[str, str]], writer, golden: bool, extra_modules: Sequence,
             written_bytes: Optional[Dict[str, bytes]] = None, record: Optional[Record] = None) -> Report:
-    from ..converter.checkpoint import read_input_file
-    from ..converter.policy_file import loads
-
     again = written is None  # a re-verification: what its conversion recorded must all be there
     if again:
         written = dict(record.artifacts) if record is not None and record.artifacts else None

@@ -40,11 +40,14 @@ import numpy as np
 
 from .. import blocks
 from .. import contract as C
+from ..converter import policy_from_checkpoint
+from ..converter.checkpoint import Checkpoint
+from ..converter.reference import goal_obs_from_reference, input_hints, read_onnx
+from ..core.files import clip
+from ..core.numerics import same_bits
+from ..core.spec import PolicySpec
 from ..errors import HuggyError, InputError, UnsupportedError
-from ..numerics import same_bits
-from .checkpoint import Checkpoint, clip
-from .reference import goal_obs_from_reference, input_hints
-from .spec import PolicySpec
+from ..exporters.onnx_export import build_onnx
 
 NOT_RECOVERED = ("the training step", "the normalizer's running sums", "the critic and optimizer state")
 
@@ -213,8 +216,6 @@ def _count_ops(model, op: str) -> int:
 
 def _template_graph(spec: PolicySpec, opset: int, model):
     """The graph ML-Agents' export has for ``spec`` (placeholder values; no dedup Identity nodes)."""
-    from ..exporters.onnx_export import build_onnx
-
     return build_onnx(_placeholder_policy(spec, model)[1], opset if opset in C.ONNX_OPSETS else C.ONNX_OPSET_DEFAULT,
                       dedup=False)
 
@@ -227,8 +228,6 @@ def _vector_sizes(spec: PolicySpec) -> Tuple[int, ...]:
 def _policy_of(ckpt: Checkpoint, spec: PolicySpec, model):
     """``ckpt``'s canonical policy by the usual key rules, told what the ONNX's inputs say (the vector
     split, an entity observation's count, the goal observations)."""
-    from . import policy_from_checkpoint
-
     return policy_from_checkpoint(ckpt, obs_sizes=_vector_sizes(spec), goal_obs=spec.goal_obs or None,
                                   hints_from=model).policy
 
@@ -415,8 +414,6 @@ def _placeholder_policy(spec: PolicySpec, model):
 def recover_state_dict(model, path=None) -> Tuple[Dict[str, np.ndarray], PolicySpec]:
     """(the ``Policy`` state dict an ML-Agents ``model`` was exported from, as far as the graph holds it;
     the spec its I/O says). ``InputError`` naming what is not ML-Agents'."""
-    from ..exporters.onnx_export import build_onnx
-
     opset = _opset(model)
     if opset not in C.ONNX_OPSETS:
         raise InputError(f"ONNX opset {opset}: this tool reads ML-Agents' opset {C.ONNX_OPSET_DEFAULT} export and its "
@@ -458,9 +455,6 @@ def checkpoint_from_onnx(path, model=None, data: Optional[bytes] = None) -> Chec
     rebuilt from it is checked to be the input's, node for node and bit for bit. ``model``/``data``: the
     file already read."""
     import torch
-
-    from ..exporters.onnx_export import build_onnx
-    from .reference import read_onnx
 
     p = Path(path)
     if model is None or data is None:

@@ -1,15 +1,21 @@
-"""PolicySpec: what an ML-Agents actor is, inferred from its state dict's keys and shapes."""
+"""PolicySpec: what an ML-Agents actor is, inferred from its state dict's keys and shapes.
+
+The spec is data, checked on construction. What follows from it part by part — its ports (``io_signature``),
+its parameter count, the width of its observations' encodings — each block owns (``huggy_convert.blocks``),
+and the spec asks the block registry, which binds itself here when it is imported
+(:func:`bind_architecture`): the layer below the blocks is handed their answers, it never imports them.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import List, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from .. import blocks
 from .. import contract as C
-from ..errors import SpecError
+from ..errors import InternalError, SpecError
+from .flow import InputHint, IOSignature
 
 PPO = C.TRAINER_PPO
 SAC = C.TRAINER_SAC
@@ -20,6 +26,31 @@ MAX_LAYERS = 64
 OBS_VECTOR, OBS_ENTITY, OBS_VISUAL = "vector", "entity", "visual"
 OBS_KINDS = {1: OBS_VECTOR, 2: OBS_ENTITY, 3: OBS_VISUAL}
 GOAL_NONE, GOAL_HYPER = C.GOAL_NONE, C.GOAL_HYPER  # goal_conditioning_type (a "none" goal is a vector like any other)
+
+
+class Architecture(NamedTuple):
+    """What the block registry answers for a spec (``blocks.io_signature``, ``blocks.parameter_count``,
+    ``blocks.encoded_width``)."""
+
+    io_signature: Callable[["PolicySpec"], IOSignature]
+    parameter_count: Callable[["PolicySpec", bool], int]
+    encoded_width: Callable[["PolicySpec"], int]
+
+
+_ARCHITECTURE: Optional[Architecture] = None
+
+
+def bind_architecture(arch: Architecture) -> None:
+    """Called by ``huggy_convert.blocks`` when it is imported: ``huggy_convert/__init__`` imports the
+    converter, which imports the blocks, so any import of the package has them bound."""
+    global _ARCHITECTURE
+    _ARCHITECTURE = arch
+
+
+def _architecture() -> Architecture:
+    if _ARCHITECTURE is None:
+        raise InternalError("PolicySpec has no block registry bound (huggy_convert.blocks was not imported)")
+    return _ARCHITECTURE
 
 
 def _count(name: str, v, lo: int, hi: int) -> None:
@@ -157,7 +188,7 @@ class PolicySpec:
     @property
     def encoded_width(self) -> int:
         """The width the body's first layer takes: every observation block's encoding together."""
-        return blocks.encoded_width(self)
+        return _architecture().encoded_width(self)
 
     @property
     def encoding_size(self) -> int:
@@ -195,16 +226,16 @@ class PolicySpec:
                 f"{self.activation}{hyper}{mem} -> {' + '.join(heads)}")
 
     def input_hints(self):
-        """What this spec says of each observation input (``blocks.InputHint``), as an official ONNX
+        """What this spec says of each observation input (``core.flow.InputHint``), as an official ONNX
         would: re-reading a canonical file maps its tensors with these (``converter.policy_file``)."""
         transposed = self.attention_export == C.ATTENTION_EXPORT_030
-        return {i: blocks.InputHint(self.obs_shape(i), transposed and self.obs_kind(i) == OBS_ENTITY)
+        return {i: InputHint(self.obs_shape(i), transposed and self.obs_kind(i) == OBS_ENTITY)
                 for i in range(self.obs_count)}
 
-    def io_signature(self):
+    def io_signature(self) -> IOSignature:
         """The policy's inputs and outputs as Unity binds them (names, dims, dtypes, kinds), in
-        Unity's order: the one source every name list below derives from (``blocks.IOSignature``)."""
-        return blocks.io_signature(self)
+        Unity's order: the one source every name list below derives from (``core.flow.IOSignature``, the blocks' ports)."""
+        return _architecture().io_signature(self)
 
     def input_names(self) -> List[str]:
         """The policy's inputs as Unity names them: ``obs_0..``, ``action_masks``, ``recurrent_in``."""
@@ -225,7 +256,7 @@ class PolicySpec:
     def parameter_count(self, include_log_sigma: bool = True) -> int:
         """Trainable parameters of the actor (linear layers, LSTM, heads; normalizer excluded): the
         sum of its blocks' counts."""
-        return blocks.parameter_count(self, include_log_sigma)
+        return _architecture().parameter_count(self, include_log_sigma)
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List
 
-from .converter.policy_file import NAME_MAX, TEMPORARY_SUFFIX, atomic_write_bytes, temporary_key
-from .errors import OutputError, from_os_error
+from ..errors import OutputError, from_os_error
+from .files import NAME_MAX, TEMPORARY_SUFFIX, atomic_write_bytes, temporary_key
 
 SAFETENSORS, ONNX, PT2, REPORT, GOLDEN = "safetensors", "onnx", "pt2", "report", "golden"
 SUFFIXES: Dict[str, str] = {SAFETENSORS: ".safetensors", ONNX: ".onnx", PT2: ".pt2", REPORT: ".verify.json",
