@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from . import contract as C
-from .console import show_verdict
-from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
-from .modes.commands import Command  # one-line usage errors (the modes' command class)
+from .. import __version__
+from .. import contract as C
+from ..console import show_verdict
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError, from_foreign
+from .modes import Command  # one-line usage errors
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
@@ -25,7 +25,7 @@ class DefaultGroup(click.Group):
         """Every command's output through ``console.guard``: a character the console cannot encode is
         written as its ASCII fallback or escaped, a failed write drops the rest; the exit code stays
         the command's (its verdict), whatever the console."""
-        from .console import guard
+        from ..console import guard
 
         with guard():
             return super().main(*args, **kwargs)
@@ -88,7 +88,7 @@ def parse_obs_sizes(text: str):
 
 
 def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
-    from .verify import VerifyOptions, parse_overrides
+    from ..verify import VerifyOptions, parse_overrides
 
     return VerifyOptions(rows=rows, seed=seed, devices=list(devices) or None, dtypes=tuple(dtypes),
                          atol=parse_overrides(atol), rtol=parse_overrides(rtol), cosine=parse_overrides(cosine))
@@ -161,7 +161,7 @@ def main():
 def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
                 atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/."""
-    from .pipeline import ConvertOptions, convert_one
+    from ..pipeline import ConvertOptions, convert_one
 
     def go():
         sizes = None
@@ -171,7 +171,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
         opts = ConvertOptions(opset=opset, obs_sizes=sizes, reference=reference, divisor=divisor, verify=not no_verify,
                               program=not no_program, verify_options=vo)
         if source.is_dir():
-            from .batch import run_batch
+            from ..batch import run_batch
 
             return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
         res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
@@ -183,13 +183,13 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
         if as_json:
             click.echo(json.dumps(s, indent=2))
         else:
-            from .exporters.atc import render
+            from ..exporters.atc import render
 
             click.echo(f"{source} -> {out}/")
             step = s['training_step'] if s['training_step'] is not None else "unknown"
             click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {step}")
             if s.get("recovered_from"):
-                from .converter.from_onnx import describe_recovered
+                from ..converter.from_onnx import describe_recovered
 
                 click.echo(f"  {describe_recovered(s['recovered_from'])}")
             if s.get("divisor"):
@@ -237,7 +237,7 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
     Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
     with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
     passed, but some recorded checks could not be run (partial PASS)."""
-    from .batch import raise_error_record, verify_out
+    from ..batch import raise_error_record, verify_out
 
     def go():
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
@@ -292,7 +292,7 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
     under ML-Agents' key names, dtypes and shapes (normalizer alias keys and int64 step counts included)
     and global_step. The optimizer, critic and reward-signal state are not in a canonical policy:
     ML-Agents starts them fresh (it logs 'Failed to load for module ...' for each)."""
-    from .pipeline import to_checkpoint
+    from ..pipeline import to_checkpoint
 
     def go():
         res = to_checkpoint(policy, out, global_step)  # written and read back: then the display
@@ -320,9 +320,10 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
     sys.exit(run_guarded(go, as_json, policy))
 
 
-from .modes import register as _register_modes  # noqa: E402 (the modes register on the group above)
+from .modes import COMMANDS as _MODE_COMMANDS  # noqa: E402
 
-_register_modes(main)
+for _cmd in _MODE_COMMANDS:
+    main.add_command(_cmd)
 
 
 def entry() -> None:  # console script

@@ -11,7 +11,7 @@ import click
 from .. import contract as C
 from ..console import show_verdict
 from ..errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
-from .sources import DTYPES
+from ..modes.sources import DTYPES
 
 MAX_ROWS = 1 << 16  # rows of generated observations: Huggy's 512-wide body takes ~130 MB per layer at this bound
 ROWS = click.IntRange(1, MAX_ROWS)
@@ -87,7 +87,7 @@ SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model o
 
 
 def _load(source):
-    from .sources import load_source
+    from ..modes.sources import load_source
 
     return load_source(source)
 
@@ -101,7 +101,7 @@ def info_cmd(source, device, dtype, as_json):
     """Spec, parameter counts, normalizer summary, checkpoint inventory (run directory) and environment.
 
     SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
-    from .info import info
+    from ..modes.info import info
 
     guarded(lambda: info(source, device=device, dtype=dtype), as_json)
 
@@ -111,7 +111,7 @@ def info_cmd(source, device, dtype, as_json):
 @_opts(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
     """Deterministic actions for --obs random --seed N, --obs zeros or an observation file."""
-    from .actions import act
+    from ..modes.actions import act
 
     guarded(lambda: act(_load(source), device, dtype, runtime, obs, rows, seed), as_json)
 
@@ -125,7 +125,7 @@ def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
 def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_json):
     """Stochastic actions for a seed, the same on every device (noise drawn on the CPU). An ONNX
     runs with its RandomNormalLike replaced by the same noise."""
-    from .actions import sample
+    from ..modes.actions import sample
 
     guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
 
@@ -141,7 +141,7 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
     tensors: within the derived float32 bound; otherwise the dtype's tolerance; bitwise reported).
     Exit 1 when unstable."""
     from ..errors import InputError
-    from .batch_sizes import batch_sizes
+    from ..modes.batch_sizes import batch_sizes
 
     def go():
         try:
@@ -166,7 +166,7 @@ def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
     max abs). float32 and float16 over verify's tolerances fail (exit 1); bfloat16 over its
     threshold is reported as not-for-production."""
-    from .precision import precision
+    from ..modes.precision import precision
 
     guarded(lambda: precision(_load(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime),
             as_json)
@@ -186,7 +186,7 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
     and ONNX files; a policy alone compares the official <stem>.onnx beside it; an ONNX alone is
     compared with the <stem>.pt beside it. Exit 1 when an output differs."""
     from ..errors import DeviceError
-    from .compare import onnx_compare_paths
+    from ..modes.compare import onnx_compare_paths
 
     def go():
         if dtype != "float32":
@@ -206,7 +206,7 @@ def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json
     """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5): the
     float64 reference's, the same on every host, with this host's runtime's beside it (run twice):
     exit 1 if that one changes between runs or the reference's differs from --expect."""
-    from .fingerprint import STEPS, fingerprint
+    from ..modes.fingerprint import STEPS, fingerprint
 
     guarded(lambda: fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect)), as_json)
 
@@ -232,7 +232,7 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
     -> 2k/(n-1) - 1); xi_t ~ N(0, I); all draws from numpy default_rng(seed).
     Bounded: every action finite and |u| never reaches 10."""
     from ..errors import InputError
-    from .stats import rollout
+    from ..modes.stats import rollout
 
     def go():
         if steps < 1 or rows < 1:
@@ -256,7 +256,7 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
-    from .benchmark import RUNTIMES as ALL, benchmark
+    from ..modes.benchmark import RUNTIMES as ALL, benchmark
 
     guarded(lambda: benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
                               dtype, warmup, iters, seed, threads=threads), as_json)
@@ -277,7 +277,7 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
     opset can be written: a different one needs the canonical tensors (exit 2)."""
-    from .export import export
+    from ..modes.export import export
 
     guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference), as_json)
 
@@ -299,11 +299,11 @@ def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
     an accelerator) SKIP and say why. Seeded: two runs print the same figures (latencies are in a
     separate column). Without CKPT|RUN_DIR, in a source checkout: the bundled fixtures (Huggy and the
     variants). Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
-    from .matrix import list_cases, run_matrix
+    from ..modes.matrix import list_cases, run_matrix
 
     if list_only:
         def listing():
-            from .common import ModeResult
+            from ..modes.common import ModeResult
 
             cases = list_cases(fixtures, out, source)
             r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
