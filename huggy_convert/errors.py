@@ -132,6 +132,12 @@ def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, ou
     return err
 
 
+def error_line(error: Union[HuggyError, str]) -> str:
+    """The one line an error is shown as: ``huggy-convert: error: <file>: <reason>`` (a ``HuggyError``'s
+    ``one_line()``, or a line already made, e.g. a worker's error record's)."""
+    return f"huggy-convert: error: {error.one_line() if isinstance(error, HuggyError) else error}"
+
+
 class InternalError(HuggyError):
     """An exception the tool did not expect (a bug): one line naming its type, exit 3."""
 
