@@ -324,7 +324,7 @@ def _ours_per_checkpoint(run: Path, picks, out: Path) -> float:
     from huggy_convert import batch as HB
     from huggy_convert.exporters.pt2 import ProgramWriter
     from huggy_convert.pipeline import ConvertOptions
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     out.mkdir(parents=True)
     o = ConvertOptions()

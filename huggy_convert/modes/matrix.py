@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import contract as C
 from ..errors import HuggyError, InputError
-from ..rundir import newest_checkpoint, step_checkpoints
+from ..batch.rundir import newest_checkpoint, step_checkpoints
 from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
 from ..verify.compare import compare_arrays
 from .matrix_cases import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st

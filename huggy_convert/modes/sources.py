@@ -25,7 +25,7 @@ from ..converter.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL
 from ..converter.checkpoint import load_npz, read_input_file
 from ..converter.reference import read_onnx
 from ..errors import DeviceError, InputError, UnsupportedError
-from ..rundir import STATUS_KEY, newest_checkpoint
+from ..batch.rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
@@ -48,7 +48,7 @@ def display_path(p) -> str:
 def run_inventory(run_dir) -> Dict[str, object]:
     """Checkpoint inventory of a run directory (``rundir.discover``: training_status.json, else
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
-    from ..rundir import discover
+    from ..batch.rundir import discover
 
     found = discover(Path(run_dir))
     status, items, warnings = found.status, found.items, found.warnings

@@ -81,7 +81,7 @@ def _interrupt_once(signum, frame) -> None:
 
 def _one_line(exc: BaseException) -> str:
     """The one line of the one taxonomy (``errors.from_foreign`` for a foreign exception)."""
-    from .errors import from_foreign
+    from ..errors import from_foreign
 
     return from_foreign(exc, getattr(exc, "filename", None)).one_line()
 

@@ -95,22 +95,22 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
-from . import __version__
-from . import contract as C
-from .artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
-from .converter import atomic_write_bytes
-from .converter.reference import describe as describe_divisor
-from .converter.checkpoint import read_input_file
-from .converter.reference import divisor_record
+from .. import __version__
+from .. import contract as C
+from ..artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
+from ..converter import atomic_write_bytes
+from ..converter.reference import describe as describe_divisor
+from ..converter.checkpoint import read_input_file
+from ..converter.reference import divisor_record
 from .deployed import FAILING as DEPLOYED_FAILING
 from .deployed import check_deployed
 from .deployed import describe as describe_deployed
-from .errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
-from .exporters.pt2 import EXPORT_GATE, ProgramWriter
-from .host import host_info
-from .pipeline import ConvertOptions, convert_one
+from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, InputError
+from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
+from ..host import host_info
+from ..pipeline import ConvertOptions, convert_one
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
-from .verify.engine import CHECK_IDS
+from ..verify.engine import CHECK_IDS
 from .workers import Pool, shared
 
 MANIFEST_JSON = "manifest.json"
@@ -160,14 +160,14 @@ def _sha_file(path: Path) -> Optional[str]:
 def read_checkpoint(path: Path, data: bytes, sha256: str):
     """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once.
     (torch's warnings are silenced for the whole batch by run_batch: catch_warnings is not thread-safe.)"""
-    from .converter import load_checkpoint
+    from ..converter import load_checkpoint
 
     return load_checkpoint(path, data=data, sha256=sha256, quiet_warnings=False)
 
 
 def _policy_state(path: Path):
     """The ``Policy`` state dict of a checkpoint through the one loader (``None`` if it does not load)."""
-    from .converter import load_checkpoint
+    from ..converter import load_checkpoint
 
     try:
         return load_checkpoint(path, quiet_warnings=False).policy  # run_batch silences torch's warnings
@@ -339,11 +339,11 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
     import onnxruntime  # noqa: F401
     import safetensors.torch  # noqa: F401
 
-    from . import verify  # noqa: F401
-    from .exporters import onnx_export, torch_module  # noqa: F401
-    from .pipeline import default_reference, prepare_conversion
-    from .runtime import ort  # noqa: F401
-    from .verify import engine  # noqa: F401
+    from .. import verify  # noqa: F401
+    from ..exporters import onnx_export, torch_module  # noqa: F401
+    from ..pipeline import default_reference, prepare_conversion
+    from ..runtime import ort  # noqa: F401
+    from ..verify import engine  # noqa: F401
 
     if not ctx.options.program or not items:
         return
@@ -558,7 +558,7 @@ def _options_record(o: ConvertOptions, light, full) -> dict:
 
 def batch_profiles(options: ConvertOptions):
     """(batch profile, full profile) of VerifyOptions for a run directory."""
-    from .verify import VerifyOptions
+    from ..verify import VerifyOptions
 
     full = options.verify_options or VerifyOptions()
     dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
@@ -589,7 +589,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
     if o.verify:
-        from .verify.engine import check_devices
+        from ..verify.engine import check_devices
 
         check_devices(getattr(o.verify_options, "devices", None))
     found.warnings.extend(check_tolerances(items, o))
@@ -607,8 +607,8 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
     the spec of one checkpoint per behavior folder (the newest first; ML-Agents keeps one architecture
     per behavior within a run), read only when an option names an output. A name that is the output of
     some policies only applies to those (each other report notes it; returned: the warnings)."""
-    from .pipeline import default_reference, prepare_conversion
-    from .verify.engine import check_tolerance_outputs, named_tolerances
+    from ..pipeline import default_reference, prepare_conversion
+    from ..verify.engine import check_tolerance_outputs, named_tolerances
 
     if not named_tolerances(o.verify_options):
         return []
@@ -622,7 +622,7 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
         for group in groups.values():
             for it in sorted(group, key=lambda it: not it.newest)[:TOLERANCE_TRIES]:
                 try:
-                    from .converter import load_checkpoint
+                    from ..converter import load_checkpoint
 
                     ckpt = load_checkpoint(it.path, quiet_warnings=False)
                     prep = prepare_conversion(ckpt, default_reference(it.path), o.obs_sizes, o.divisor, lenient=True)
@@ -804,7 +804,7 @@ def recorded_profiles(out: Path) -> Dict[str, str]:
 
 
 def _error_record(exc: BaseException, subject) -> dict:
-    from .errors import from_foreign
+    from ..errors import from_foreign
 
     err = exc if isinstance(exc, HuggyError) else from_foreign(exc, getattr(exc, "filename", None) or subject)
     return {"error": {"type": type(err).__name__, "message": err.message, "path": err.path,
@@ -813,7 +813,7 @@ def _error_record(exc: BaseException, subject) -> dict:
 
 def raise_error_record(rec: dict) -> None:
     """A worker's error raised here as the same type of the one taxonomy."""
-    from . import errors
+    from .. import errors
 
     cls = getattr(errors, rec["type"], None)
     if not (isinstance(cls, type) and issubclass(cls, HuggyError)):
@@ -826,7 +826,7 @@ def raise_error_record(rec: dict) -> None:
 def _verify_task(i: int) -> dict:
     """A worker's task: re-verify the i-th set; returns the report as data (its tree, verdict, the
     line to print) or the error as data."""
-    from .pipeline import verify_set
+    from ..pipeline import verify_set
 
     st = shared()
     folder, stem = st["sets"][i]
@@ -855,8 +855,8 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
     ``not_run``: the checks not run and why; or ``error``), and the pool's description."""
     import torch
 
-    from .pipeline import ConvertOptions, verify_sets
-    from .verify import VerifyOptions
+    from ..pipeline import ConvertOptions, verify_sets
+    from ..verify import VerifyOptions
 
     sets, official, ckpt, warns = verify_sets(out, reference, checkpoint, options)
     for w in warns:  # (before the pool: the one line a tolerance option gives; the reports note it too)
@@ -883,8 +883,8 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
              "writer": writer, "render": render, "require_complete": require_complete}
 
     def warm():
-        from .converter import load_policy
-        from .verify import engine  # noqa: F401
+        from ..converter import load_policy
+        from ..verify import engine  # noqa: F401
 
         try:  # the .pt2 template of the first set's architecture, traced once here
             writer.program_bytes(load_policy(_safetensors_path(sets[0])))
@@ -914,7 +914,7 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
 
 
 def _safetensors_path(folder_stem) -> Path:
-    from .artifacts import SAFETENSORS, ArtifactSet
+    from ..artifacts import SAFETENSORS, ArtifactSet
 
     folder, stem = folder_stem
     return ArtifactSet(folder, stem).path(SAFETENSORS)

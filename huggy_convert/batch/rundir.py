@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import contract as C
-from .converter.checkpoint import check_regular, clip, read_input_file
-from .errors import InputError
+from .. import contract as C
+from ..converter.checkpoint import check_regular, clip, read_input_file
+from ..errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
 STATUS_KEY = STATUS_FILE.stem  # how our JSON names the status file it read
