@@ -132,6 +132,12 @@ def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, ou
     return err
 
 
+def one_line(exc: BaseException, path: Optional[Union[str, Path]] = None) -> str:
+    """Any exception as the one line of the one taxonomy (``from_foreign``: the file a foreign error
+    names, else ``path``), without the ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
+    return from_foreign(exc, getattr(exc, "filename", None) or path).one_line()
+
+
 def error_line(error: Union[HuggyError, str]) -> str:
     """The one line an error is shown as: ``huggy-convert: error: <file>: <reason>`` (a ``HuggyError``'s
     ``one_line()``, or a line already made, e.g. a worker's error record's)."""

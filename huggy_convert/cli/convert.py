@@ -2,6 +2,7 @@
 ``to-checkpoint``. Each parses its options, calls one stage and hands the result to ``render``."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -43,9 +44,11 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
     if source.is_dir():
-        from ..batch import run_batch
+        from ..batch.run import run_batch
 
-        return run_batch(source, out, opts, jobs=jobs or None, force=force, as_json=as_json)
+        with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and sys.stdout.isatty()) as p:
+            res = run_batch(source, out, opts, jobs=jobs or None, force=force, events=p)
+        return show_verdict(lambda: render.batch(res, as_json), res.exit_code)
     res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
     return show_verdict(lambda: render.conversion(res, source, out, as_json), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
 
@@ -82,14 +85,12 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
     Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
     with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
     passed, but some recorded checks could not be run (partial PASS)."""
-    import sys
+    from ..batch.reverify import raise_error_record, verify_out
 
-    from ..batch import raise_error_record, verify_out
-
-    recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
-                               options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
-                               profile=profile, render=not as_json, progress=sys.stderr.isatty(),
-                               require_complete=require_complete)
+    with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty(), least=2) as p:
+        recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
+                                   options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
+                                   profile=profile, render=not as_json, require_complete=require_complete, events=p)
     render.verification(recs, workers, as_json)
     errors = [r["error"] for r in recs if "error" in r]
     if errors:

@@ -101,6 +101,74 @@ def checkpoint_written(res, policy, as_json: bool) -> None:
         click.echo(f"       {line}")
 
 
+# --- a run directory, verify OUT/ ---------------------------------------------------------------
+class Progress:
+    """The events of a run over many policies (``batch.run.run_batch``, ``batch.reverify.verify_out``)
+    as they come: each warning, a line on stderr per checkpoint that failed (and per run-root ONNX that
+    matches none), and a progress bar (``label`` formatted with the count) where ``bar`` says, for at
+    least ``least`` items. Closed (``with``) after the run, before its result is shown."""
+
+    def __init__(self, label: str, file, bar: bool, least: int = 1):
+        self.label, self.file, self.bar, self.least = label, file, bar, least
+        self._ctx = self._bar = None
+
+    def __call__(self, kind: str, data) -> None:
+        from ..batch.deployed import FAILING
+        from ..batch.manifest import ERROR, MISSING, VERIFY_FAILED
+        from ..batch.run import DEPLOYED, ENTRY, START, WARNING
+
+        if kind == WARNING:
+            warning(data)
+        elif kind == START and self.bar and data >= self.least:
+            self._ctx = click.progressbar(length=data, label=self.label.format(data), file=self.file)
+            self._bar = self._ctx.__enter__()
+        elif kind == DEPLOYED and data["status"] in FAILING:
+            click.echo(f"huggy-convert: {'error' if data['status'] == ERROR else 'verification failed'}: "
+                       f"{data['error']}", err=True)
+        elif kind != DEPLOYED and kind != START:  # a checkpoint converted, a set verified
+            if kind == ENTRY and data.get("status") in (ERROR, MISSING):
+                click.echo(error_line(data.get("error")), err=True)
+            elif kind == ENTRY and data.get("status") == VERIFY_FAILED:
+                click.echo(f"huggy-convert: verification failed: {data['stem']}: "
+                           f"{(data.get('verify') or {}).get('first_failure')}", err=True)
+            if self._bar is not None:
+                self._bar.update(1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+        return False
+
+
+def batch(res, as_json: bool) -> None:
+    """A run directory's summary (``batch.run.BatchResult``)."""
+    from ..batch.deployed import describe as describe_deployed
+    from ..batch.manifest import MANIFEST_CSV
+
+    s, out = res.summary, res.out
+    if as_json:
+        click.echo(json.dumps(dict(s, manifest=str(res.manifest)), indent=2))
+        return
+    several = res.runs > 1
+    runs = f" in {res.runs} runs" if several else ""
+    click.echo(f"{res.source} -> {out}/: {s['checkpoints']} checkpoints{runs} ({res.found_by}): {s['converted']} "
+               f"converted, {s['skipped']} skipped, {s['failed']} failed, {s['same_as']} same as another")
+    for rec in s["runs"] if several else []:
+        best = f", best reward {rec['best_reward']:.4g} at step {rec['best_step']}" \
+            if rec["best_reward"] is not None else ""
+        click.echo(f"  {rec['dir']}/ -> {out / rec['out']}/: {rec['checkpoints']} checkpoints ({rec['found_by']})"
+                   f"{best}")
+    if s["best_reward"] is not None and not several:
+        click.echo(f"  best reward {s['best_reward']:.4g} at step {s['best_step']} ({s['best_stem']})")
+    for d in res.deployed:
+        click.echo(f"  {describe_deployed(d)}")
+    click.echo(f"  manifest: {res.manifest}, {out / MANIFEST_CSV}")
+    click.echo(f"  {s['seconds']:.2f} s ({s['ms_per_checkpoint']} ms per checkpoint, {s['workers']})")
+
+
 # --- verify OUT/ --------------------------------------------------------------------------------
 def verification(recs, workers: str, as_json: bool) -> None:
     """``verify OUT/``'s records (``batch.reverify.verify_out``): one set's tree, or a line per set and a
