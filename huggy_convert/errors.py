@@ -132,6 +132,12 @@ def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, ou
     return err
 
 
+def describe(exc: BaseException, limit: int = MAX_QUOTE) -> str:
+    """A foreign exception inside a sentence of ours (a check that could not run, a file that does not
+    read): ``<type>: <its message on one line, capped at limit characters>``."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
 def one_line(exc: BaseException, path: Optional[Union[str, Path]] = None) -> str:
     """Any exception as the one line of the one taxonomy (``from_foreign``: the file a foreign error
     names, else ``path``), without the ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""

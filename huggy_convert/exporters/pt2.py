@@ -266,5 +266,7 @@ def unsafe_reason(data: bytes) -> Optional[str]:
             if sample in names:
                 torch_load_weights_only(r.read_bytes(sample))
     except Exception as exc:
-        return f"not a readable torch.export archive ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        from ..errors import describe
+
+        return f"not a readable torch.export archive ({describe(exc, 120)})"
     return None

@@ -10,7 +10,7 @@ from typing import Dict, Optional
 
 from .. import contract as C
 from ..converter import atomic_write_bytes
-from ..errors import ExportError, InputError
+from ..errors import ExportError, InputError, describe
 from ..verify.compare import Comparison, compare_arrays
 from ..runtime import OrtRunner, make_noise
 from .common import ModeResult, g
@@ -92,7 +92,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         onnx.checker.check_model(loaded, full_check=True)
         checker = "pass"
     except Exception as exc:
-        checker = f"FAIL: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+        checker = f"FAIL: {describe(exc, 160)}"
     r.ok = checker == "pass"
     outs: Dict[str, Dict] = {}
     checks = []

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
-from ..errors import HuggyError, InputError
+from ..errors import HuggyError, InputError, describe
 from ..batch.rundir import newest_checkpoint, step_checkpoints
 from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
 from ..verify.compare import compare_arrays
@@ -357,7 +357,7 @@ class Matrix:
                 except HuggyError as e:
                     c.verdict, c.note = FAIL, f"error: {e.one_line()}"
                 except Exception as e:  # a crash in a case is that case's failure, not the matrix's
-                    c.verdict, c.note = FAIL, f"crashed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                    c.verdict, c.note = FAIL, f"crashed: {describe(e)}"
                 c.timings["case_s"] = round(time.perf_counter() - t0, 3)
             if echo:
                 echo(self.line(c))

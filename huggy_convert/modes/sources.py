@@ -24,7 +24,7 @@ from ..converter import Checkpoint, Policy, PolicySpec
 from ..converter.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL
 from ..converter.checkpoint import load_npz, read_input_file
 from ..converter.reference import read_onnx
-from ..errors import DeviceError, InputError, UnsupportedError
+from ..errors import DeviceError, InputError, UnsupportedError, describe
 from ..batch.rundir import STATUS_KEY, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
@@ -385,7 +385,7 @@ def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"not a readable observation file ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})", p) from None
+        raise InputError(f"not a readable observation file ({describe(exc, 120)})", p) from None
     raise InputError(f"unknown observation file type '{suffix}': give .npy, .npz or .json", p)
 
 

@@ -20,6 +20,7 @@ from .. import contract as C
 from ..converter import Checkpoint, Policy
 from ..converter.reference import (compare_divisor, divisor_initializers, divisor_problem, divisor_record,
                                    policy_ieee_divisors, ulp_problem)
+from ..errors import describe
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats
 from .report import FAIL, PASS, SKIP, WARN, Check
 
@@ -333,7 +334,7 @@ def check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds: Dict[
         try:
             ro, rr = run_ours(feed), run_ref(feed_name, feed)
         except Exception as exc:
-            c.add(Check(f"[{feed_name}]", FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+            c.add(Check(f"[{feed_name}]", FAIL, f"could not run: {describe(exc)}"))
             continue
         for name in rr:
             if name not in ro:
@@ -354,7 +355,7 @@ def check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds: Dict[
                 a, b = run_ours_noise(f2)[C.OUT_CONT], run_ref_noise(feed_name, f2)[C.OUT_CONT]
             except Exception as exc:
                 c.add(Check(f"{C.OUT_CONT} with injected noise [{feed_name}]", FAIL,
-                            f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+                            f"could not run: {describe(exc)}"))
                 continue
             s = array_stats(b, a)
             per_output.setdefault(C.OUT_CONT + " (injected noise)", []).append(s)
@@ -423,7 +424,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
     try:
         got = run(feed)
     except Exception as exc:  # a device or artifact that cannot run is a failed check, not a crash
-        c.status, c.summary = FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        c.status, c.summary = FAIL, f"could not run: {describe(exc)}"
         return c
     overrides_rtol = overrides_rtol or {}
     ratios, worst, ties = [], [], 0
@@ -433,7 +434,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         try:
             items.append((C.OUT_CONT, run_noise(), ref_noise))
         except Exception as exc:
-            c.add(Check(f"{C.OUT_CONT} (injected noise)", FAIL, f"could not run: {type(exc).__name__}: {str(exc)[:160]}"))
+            c.add(Check(f"{C.OUT_CONT} (injected noise)", FAIL, f"could not run: {describe(exc, 160)}"))
     for name, arr, r in items:
         label = name + (" (injected noise)" if name == C.OUT_CONT else "")
         want = r.values[name]
