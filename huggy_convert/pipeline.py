@@ -59,18 +59,13 @@ class ConvertResult:
         d: Dict[str, object] = {
             "source": str(self.source), "source_sha256": self.conversion.checkpoint.sha256,
             "training_step": self.conversion.checkpoint.global_step, "out": str(self.out_dir), "stem": self.stem,
-            "spec": {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
-                     "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
-                     "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
-                     "memory_size": spec.memory_size, "parameters": spec.parameter_count()},
+            "spec": spec.summary(),
             "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
             "divisor": describe_divisor(decision) if spec.normalize else None,
             "divisor_decision": decision if spec.normalize else None,
             "recovered_from": self.conversion.checkpoint.recovered,
             "seconds": round(self.seconds, 3),
         }
-        if spec.obs_shapes:  # observations that are not vectors: every observation's shape
-            d["spec"]["obs_shapes"] = [list(s) for s in spec.obs_shapes]
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}

@@ -219,7 +219,7 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
                           fsync=False, suggest_reference=False, check_tolerances=False)
         spec = res.conversion.policy.spec
         decision = divisor_record(res.conversion.policy)
-        entry["spec"] = {"family": spec.family, "parameters": spec.parameter_count()}
+        entry["spec"] = spec.summary()
         entry["reference"] = res.reference.name if res.reference else None
         entry["divisor"] = dict(decision, summary=describe_divisor(decision))
         entry["outputs"] = {k: dict(a, file=f"{item.sub}/{a['file']}" if item.sub else a["file"])

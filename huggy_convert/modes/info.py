@@ -35,17 +35,8 @@ def environment() -> Dict[str, object]:
 
 
 def spec_dict(spec) -> Dict[str, object]:
-    d = {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
-         "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
-         "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
-         "memory_size": spec.memory_size}
-    if spec.obs_shapes:
-        d["obs_shapes"] = [list(s) for s in spec.obs_shapes]
-    if spec.attention_export != C.ATTENTION_EXPORT_110:
-        d["attention_export"] = spec.attention_export
-    if spec.vis_encode_type:
-        d["vis_encode_type"] = spec.vis_encode_type
-    return d
+    """The spec's one summary (``PolicySpec.summary``: the same in convert --json and the manifest)."""
+    return spec.summary()
 
 
 def counted_parameters(src: Source) -> Dict[str, int]:
