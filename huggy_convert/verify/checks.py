@@ -525,18 +525,15 @@ def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0, probes=None)
 
 
 def _fingerprint(step_fn, feed_all, policy: Policy, steps: int) -> str:
+    from ..runtime.feeds import Memory
+
     h = hashlib.sha256()
-    mem = np.zeros((1, 1, policy.spec.memory_size), np.float32) if policy.spec.memory_size else None
+    memory = Memory(policy.spec, rows=1)
     for t in range(steps):
-        feed = {k: v[t:t + 1].copy() for k, v in feed_all.items()}  # a copy: feed_all stays as drawn
-        if policy.spec.discrete_branches:
-            feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
-        if mem is not None:
-            feed[C.RECURRENT_IN] = mem
+        feed = memory.step({k: v[t:t + 1].copy() for k, v in feed_all.items()})  # a copy: feed_all stays as drawn
         out = step_fn(feed)
         for name in (C.OUT_CONT_DET, C.OUT_DISC_DET):
             if name in out:
                 h.update(np.ascontiguousarray(out[name]).tobytes())
-        if mem is not None:
-            mem = out[C.RECURRENT_OUT]
+        memory.update(out)
     return h.hexdigest()
