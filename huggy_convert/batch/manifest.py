@@ -138,7 +138,7 @@ class Manifest:
         self.out = out
         self.header = header
         self.entries: Dict[str, dict] = {}
-        self.deployed: List[dict] = []  # the run-root <Behavior>.onnx files (huggy_convert.deployed)
+        self.deployed: List[dict] = []  # the run-root <Behavior>.onnx files (batch.deployed)
         self.order: Dict[str, int] = {}
         self._last = 0.0
 

@@ -15,7 +15,7 @@ Finding the checkpoints
     not converted twice. If it matches none it is converted as ``<Behavior>-checkpoint``.
 
 The deployed ``<Behavior>.onnx``
-    The run-root copy of the final export (``huggy_convert.deployed``): the manifest's ``deployed``
+    The run-root copy of the final export (``batch.deployed``): the manifest's ``deployed``
     entries say which checkpoint it is the export of (the same bytes as its official ONNX, else the
     same content by checks 2-3) and its verdict; one that equals none fails the batch (exit 1).
 

@@ -15,7 +15,7 @@ name among the run's ``.pt`` files (ML-Agents' own spelling ``auxillary_file_pat
 files it does not list, ``<Behavior>-<step>.pt`` names give behavior and step. Hidden folders
 (``.git``) and OUT (when inside SOURCE) are not searched. A listed checkpoint whose file is gone is an
 item marked ``missing``. The run-root ``<Behavior>.onnx`` of each behavior is listed as ``Deployed``
-(``huggy_convert.deployed`` says which checkpoint it is).
+(``batch.deployed`` says which checkpoint it is).
 
 Output names (``Item.stem``, ``Item.sub``): the checkpoint's file stem (``Huggy-245828``;
 ``checkpoint.pt``: ``<Behavior>-checkpoint``; two files of one run with the same stem: their path below
