@@ -1,13 +1,11 @@
 """``info``: spec, parameter counts, normalizer summary, checkpoint inventory, environment."""
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import __version__
 from .. import contract as C
 from ..converter.from_onnx import describe_recovered, recovered_record
 from ..blocks import encoders
@@ -21,17 +19,13 @@ CONSTANT_VAR = 1e-4
 
 
 def environment() -> Dict[str, object]:
-    import onnx
-    import onnxruntime
-    import torch
+    """A verification report's environment (``verify.engine.environment``: versions, threads, host) on
+    the devices present, and onnxruntime's execution providers."""
+    from ..verify.engine import environment as report_environment
 
-    from ..exporters.devices import device_name
-
-    devs = devices_present()
-    return {"huggy_convert": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "devices": {d: device_name(d) for d in devs}, "onnxruntime_providers": ort_providers()}
+    env = report_environment(devices_present())
+    env["onnxruntime_providers"] = ort_providers()
+    return env
 
 
 def spec_dict(spec) -> Dict[str, object]:
