@@ -227,7 +227,8 @@ def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
                    + (f"  (needs {c['needs']})" if c["needs"] else "") + ("" if c["quick"] else "  (not in --quick)")
                    for c in cases] + [f"{len(cases)} cases in {r.data['groups']} groups"]
         return r
-    return run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only), echo=not as_json)
+    return run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only),
+                      echo=None if as_json else click.echo)
 
 
 for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):

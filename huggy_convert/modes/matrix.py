@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -381,11 +381,10 @@ class Matrix:
 
 # --- running the matrix ----------------------------------------------------------------------------
 def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures: Optional[Path] = None,
-               only: Sequence[str] = (), echo: bool = True) -> ModeResult:
+               only: Sequence[str] = (), echo: Optional[Callable[[str], None]] = None) -> ModeResult:
     """Run the table on ``source`` (a checkpoint or run directory; see :func:`resolve_target`), write
-    OUT/matrix.log and OUT/matrix.json."""
-    import click
-
+    OUT/matrix.log and OUT/matrix.json. ``echo``: given each line of the log as it is made (the CLI
+    prints them); the mode itself prints nothing."""
     from ..converter import atomic_write_bytes
     from ..runtime import torch_threads
     from .info import environment
@@ -404,7 +403,7 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
             "# columns: number | verdict | equivalent command | figures (seeded: identical run to run) | "
             "latency: (varies run to run; ignore in diffs)"]
     lines: List[str] = list(head)
-    say = (lambda s: click.echo(s)) if echo else (lambda s: None)
+    say = echo or (lambda s: None)
     for h in head:
         say(h)
     current = {"group": 0}
