@@ -321,10 +321,10 @@ def floor_child(run: Path, jobs: int, sample: int = 20) -> None:
 def _ours_per_checkpoint(run: Path, picks, out: Path) -> float:
     """Seconds per checkpoint of ``batch.convert_item`` (the batch profile: none of ``picks`` is the
     newest) in this process, after one warm-up conversion."""
-    from huggy_convert import batch as HB
+    from huggy_convert.batch import run as HB
     from huggy_convert.exporters.pt2 import ProgramWriter
     from huggy_convert.pipeline import ConvertOptions
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     out.mkdir(parents=True)
     o = ConvertOptions()

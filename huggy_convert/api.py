@@ -3,7 +3,7 @@
 One argument order everywhere: the thing first, the destination second, as safetensors' verbs
 (``save_file(tensors, filename)``): ``convert(source, out)``, ``save_policy(policy, path)``,
 ``to_checkpoint(policy, out)``. Every function is a thin layer over the stages the command line uses
-(``pipeline.convert_one``, ``pipeline.verify_dir``, ``pipeline.to_checkpoint``, ``modes.sources`` and the
+(``pipeline.convert_one``, ``batch.reverify.verify_dir``, ``pipeline.to_checkpoint``, ``modes.sources`` and the
 ``runtime`` runners): the same files, the same verdicts. Errors are ``huggy_convert.errors.HuggyError``
 (``InputError``, ``CheckpointError``, ...), each one sentence naming the file.
 
@@ -22,7 +22,8 @@ from .converter.policy_file import save_policy as _save_policy
 from .core.policy import Policy
 from .core.spec import PolicySpec
 from .modes.sources import load_source, make_runner, obs_feed
-from .pipeline import ConvertOptions, convert_one, verify_dir
+from .batch.reverify import verify_dir
+from .pipeline import ConvertOptions, convert_one
 from .pipeline import to_checkpoint as _to_checkpoint
 from .runtime import complete_feed
 from .verify import VerifyOptions
@@ -62,7 +63,7 @@ def convert(source, out, *, opset: int = C.ONNX_OPSET_DEFAULT, reference=None, d
 
 
 def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool = False, **verify_options) -> list:
-    """Re-verify converted files, as ``huggy-convert verify OUT/`` does (``pipeline.verify_dir``; not named
+    """Re-verify converted files, as ``huggy-convert verify OUT/`` does (``batch.reverify.verify_dir``; not named
     ``verify``: that is the ``huggy_convert.verify`` stage's package): every set
     under the folder ``out``, or the one set of a ``.safetensors`` file. Each set's files are read back and
     rebuilt from the ``.safetensors`` and compared byte for byte, each source found again by its recorded

@@ -132,6 +132,24 @@ def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, ou
     return err
 
 
+def describe(exc: BaseException, limit: int = MAX_QUOTE) -> str:
+    """A foreign exception inside a sentence of ours (a check that could not run, a file that does not
+    read): ``<type>: <its message on one line, capped at limit characters>``."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
+def one_line(exc: BaseException, path: Optional[Union[str, Path]] = None) -> str:
+    """Any exception as the one line of the one taxonomy (``from_foreign``: the file a foreign error
+    names, else ``path``), without the ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
+    return from_foreign(exc, getattr(exc, "filename", None) or path).one_line()
+
+
+def error_line(error: Union[HuggyError, str]) -> str:
+    """The one line an error is shown as: ``huggy-convert: error: <file>: <reason>`` (a ``HuggyError``'s
+    ``one_line()``, or a line already made, e.g. a worker's error record's)."""
+    return f"huggy-convert: error: {error.one_line() if isinstance(error, HuggyError) else error}"
+
+
 class InternalError(HuggyError):
     """An exception the tool did not expect (a bug): one line naming its type, exit 3."""
 

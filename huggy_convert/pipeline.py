@@ -6,9 +6,6 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +24,12 @@ from .core.artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFF
                              clean_stale_temporaries, locked, make_dirs, sha256_bytes)
 from .core.files import atomic_write_bytes
 from .core.policy import Policy
-from .core.spec import PolicySpec
-from .errors import HuggyError, InputError
+from .errors import InputError
 from .exporters.atc import atc_plan
-from .exporters.pt2 import ProgramWriter
 from .exporters.registry import EXPORTERS
-from .importers import is_onnx_source, read_source
-from .verify import Reference, VerifyOptions, verify, write_report
-from .verify.engine import (check_devices, check_tolerance_outputs, locate_source, named_tolerances, read_record,
-                            report_bytes, source_record)
-
+from .importers import read_source
+from .verify import Reference, VerifyOptions, verify
+from .verify.engine import check_devices, check_tolerance_outputs, report_bytes, source_record
 
 @dataclass
 class ConvertOptions:
@@ -74,18 +67,13 @@ class ConvertResult:
         d: Dict[str, object] = {
             "source": str(self.source), "source_sha256": self.conversion.checkpoint.sha256,
             "training_step": self.conversion.checkpoint.global_step, "out": str(self.out_dir), "stem": self.stem,
-            "spec": {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
-                     "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
-                     "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
-                     "memory_size": spec.memory_size, "parameters": spec.parameter_count()},
+            "spec": spec.summary(),
             "artifacts": self.artifacts, "reference": str(self.reference) if self.reference else None,
             "divisor": describe_divisor(decision) if spec.normalize else None,
             "divisor_decision": decision if spec.normalize else None,
             "recovered_from": self.conversion.checkpoint.recovered,
             "seconds": round(self.seconds, 3),
         }
-        if spec.obs_shapes:  # observations that are not vectors: every observation's shape
-            d["spec"]["obs_shapes"] = [list(s) for s in spec.obs_shapes]
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}
@@ -272,143 +260,6 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
             res.report = rep
     res.seconds = time.perf_counter() - t0
     return res
-
-
-def _artifact_folders(out: Path) -> List[Path]:
-    """``out`` and the folders below it (not hidden): a batch over several runs writes each run's
-    artifacts into ``OUT/<run>/``."""
-    folders = []
-    for dirpath, dirnames, _ in os.walk(out):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        folders.append(Path(dirpath))
-    return folders
-
-
-def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None,
-               require_complete: bool = False):
-    """Re-verify the files already in ``out_dir`` and the folders below it (one report per
-    ``<stem>.safetensors``). (``batch.verify_out``: the same over a worker pool.)"""
-    sets, official, ckpt, _ = verify_sets(out_dir, reference, checkpoint, options, stem)
-    writer = ProgramWriter(fast=True)
-    return [verify_set(folder, s, official, ckpt, reference, options, writer, require_complete=require_complete)
-            for folder, s in sets]
-
-
-def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
-    """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint, and
-    warnings. A tolerance option naming an output of none of the sets is refused here, before any report
-    is rewritten (``verify.engine.check_tolerance_outputs``; one naming an output of some: a warning)."""
-    check_devices(getattr(options, "devices", None))
-    out = Path(out_dir)
-    if not out.is_dir():
-        raise InputError("no such directory", out)
-    sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in _stems(d)]
-    if not sets:
-        raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
-    warnings: List[str] = []
-    if named_tolerances(options):
-        specs = []
-        for folder, s in sets:
-            spec = _spec_of(ArtifactSet(folder, s).path(SAFETENSORS))
-            if spec is not None:  # one that does not read is its own set's verdict
-                specs.append((_subject(out, folder, s), spec))
-        warnings = check_tolerance_outputs(options, specs)
-    official = load_reference(Path(reference)) if reference else None
-    ckpt = read_source(checkpoint) if checkpoint else None
-    return sets, official, ckpt, warnings
-
-
-def _stems(folder: Path) -> List[str]:
-    """The sets in ``folder``: each ``<stem>.safetensors``, and each ``<stem>.verify.json`` whose
-    ``.safetensors`` is gone (its report says a conversion wrote one: that set fails check 1)."""
-    report = SUFFIXES[REPORT]
-    try:
-        reports = [p.name[:-len(report)] for p in Path(folder).glob(f"*{report}") if not p.name.startswith(".")]
-    except OSError:
-        reports = []
-    return sorted(set(ArtifactSet.stems(folder)) | set(reports))
-
-
-def _subject(out: Path, folder: Path, stem: str) -> str:
-    try:
-        return (Path(folder).relative_to(out) / stem).as_posix()
-    except ValueError:
-        return stem
-
-
-def _spec_of(path: Path):
-    """The spec a canonical file's metadata states (its header only), or None where it does not read."""
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > min(os.fstat(f.fileno()).st_size, 100 << 20):
-                return None
-            md = json.loads(f.read(n)).get("__metadata__") or {}
-        return PolicySpec.from_json(md["spec"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error, RecursionError, HuggyError):
-        return None
-
-
-def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
-    """For a re-verification without ``--checkpoint`` / ``--reference``: the checkpoint and the official
-    ONNX its conversion read, where they still are with the sha256 the report records
-    (``verify.engine.locate_source``: relative to the set's folder, then the absolute path), and for
-    each of checks 1-2 that cannot run as the conversion ran it, why (``Reference.not_run``).
-    Returns (checkpoint, official model, official path, not_run)."""
-    not_run: Dict[str, Dict[str, str]] = {}
-    official_path = None
-    roles = (("checkpoint", "safetensors", "checkpoint"), ("official", "official", "official ONNX"))
-    for role, cid, what in roles:
-        if (ckpt if role == "checkpoint" else official) is not None:
-            continue
-        if role not in record.sources:  # no record: what the conversion read is unknown
-            not_run[cid] = {"reason": "no record of its sources", "detail": record.missing}
-            continue
-        rec = record.sources[role]
-        if rec is None:  # the conversion had none (no official ONNX): the check is skipped as it was then
-            continue
-        path, data, reason, detail = locate_source(rec, arts.dir)
-        if path is None:
-            not_run[cid] = {"reason": f"{what} {reason}", "detail": detail}
-            continue
-        try:
-            if role == "official":
-                official, official_path = read_reference(path)[0], path
-            elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
-                ckpt = read_source(path)
-            else:  # the bytes already read and hashed: the file is read once
-                ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (verify_out
-                # silences them for the whole pool: catch_warnings is not thread-safe)
-        except InputError as exc:
-            not_run[cid] = {"reason": f"{what} does not load", "detail": exc.one_line()}
-    return ckpt, official, official_path, not_run
-
-
-def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer, notes: Sequence[str] = (),
-               require_complete: bool = False):
-    """Re-verify one set ``folder/<s>.*`` and rewrite its report; returns the report. Without
-    ``ckpt`` / ``official`` (``--checkpoint`` / ``--reference``), checks 1-2 run on the sources its
-    report records where they are still there, unchanged; otherwise the report says which checks were
-    not run and why (``Report.not_run``: exit 4, or a failure with ``require_complete``). The rewritten
-    report keeps the record of the conversion."""
-    arts = ArtifactSet(folder, s)
-    if ckpt is not None and arts.exists(SAFETENSORS):  # (a missing one fails check 1 below)
-
-        source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
-        if ckpt.sha256 != source_sha:
-            raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
-                             f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
-    record = read_record(arts)
-    ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, official)
-    if official is not None:
-        official_model, official_path = official, Path(reference) if reference else None
-    rep = verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
-                 options, subject=f"{s} ({folder})", writer=writer, record=record)
-    rep.notes.extend(notes)
-    rep.recorded = record.raw
-    rep.require_complete = require_complete
-    write_report(rep, arts.path(REPORT))
-    return rep
 
 
 @dataclass

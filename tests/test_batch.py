@@ -437,7 +437,7 @@ def test_sigkill_then_rerun_gives_byte_identical_artifacts_and_no_tmp(tmp_path):
 
 
 def test_a_worker_that_dies_fails_its_task_in_one_line_and_is_replaced():
-    from huggy_convert.workers import PROCESSES, Pool
+    from huggy_convert.batch.workers import PROCESSES, Pool
 
     with Pool(2, {"base": 10}) as pool:
         assert pool.mode == PROCESSES
@@ -455,7 +455,7 @@ def test_a_worker_interrupted_twice_finishes_what_the_first_interrupt_began(tmp_
     """Ctrl-C reaches the worker and the parent, whose ``close(interrupted=True)`` sends one more:
     the second SIGINT is ignored, so what the task does on the first (its set's rollback) runs to
     the end; the worker then exits 130."""
-    from huggy_convert.workers import PROCESSES, Pool
+    from huggy_convert.batch.workers import PROCESSES, Pool
 
     marker = tmp_path / "rolled-back"
     with Pool(2, {}) as pool:
@@ -470,7 +470,7 @@ def test_a_worker_whose_interrupt_a_library_swallowed_exits_130_when_its_task_en
     """Library code that swallows the one ``KeyboardInterrupt`` (later SIGINTs are ignored) does not
     leave the worker waiting for tasks, the parent waiting for it: the task runs to its end, its
     result is not sent, the worker exits 130."""
-    from huggy_convert.workers import Pool
+    from huggy_convert.batch.workers import Pool
 
     marker = tmp_path / "ran to its end"
     with Pool(2, {}) as pool:
@@ -504,7 +504,7 @@ def _interrupted_twice(marker):
 
 
 def _task(i):
-    from huggy_convert.workers import shared
+    from huggy_convert.batch.workers import shared
 
     if i == 2:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -115,7 +115,7 @@ def test_1_not_a_regular_file(kind, cmd, tmp_path):
 def test_1_special_file_in_a_run_directory_is_skipped(kind, tmp_path):
     """A run directory's ``*.pt`` that is not a regular file (or is huge) is skipped with one warning:
     never opened (a FIFO would hang the batch, /dev/zero fill the memory)."""
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     run = tmp_path / "run"
     shutil.copytree(SMALL_RUN, run)
@@ -390,7 +390,7 @@ def _run_dir(tmp_path: Path, status) -> Path:
 @pytest.mark.parametrize("kind", sorted(STATUS))
 def test_4_broken_status_file_goes_on_by_file_names(kind, tmp_path):
     """A broken training_status.json: the checkpoints are found by their file names, with one warning."""
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     run = _run_dir(tmp_path, STATUS[kind])
     found = discover(run)
@@ -406,7 +406,7 @@ def test_4_broken_status_file_goes_on_by_file_names(kind, tmp_path):
 
 @pytest.mark.parametrize("kind", sorted(ABSOLUTE))
 def test_4_absolute_paths_resolve_by_base_name(kind, tmp_path):
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     doc = ('{"Small": {"checkpoints": [{"steps": 4157, "reward": 1.5, "auxillary_file_paths": ["%s"]}]}}'
            % ABSOLUTE[kind])

@@ -508,9 +508,9 @@ def test_an_unexpected_failure_at_the_top_level_is_one_line(tmp_path, monkeypatc
         monkeypatch.setattr(P, "prepare_conversion", boom)
         args, watch = [SMALL, tmp_path / "out"], [tmp_path, SMALL_RUN]
     elif command == "verify":
-        import huggy_convert.pipeline as P
+        import huggy_convert.verify as V
 
-        monkeypatch.setattr(P, "verify", boom)  # what verify OUT/ runs on each set (pipeline.verify_set)
+        monkeypatch.setattr(V, "verify", boom)  # what verify OUT/ runs on each set (batch.reverify.verify_set)
         out = copy_set(converted, tmp_path / "out")
         args, watch = ["verify", out], [out]
     else:

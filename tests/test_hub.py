@@ -162,7 +162,7 @@ def test_two_clones_of_one_run_and_a_loose_checkpoint_keep_their_plain_names(tmp
                                       "/content/ml-agents/results/small/Small/Small-4157.onnx"])
 def test_a_status_file_path_from_the_training_machine_resolves_by_its_base_name(spelling, tmp_path):
     """Only ``file_path`` (the .onnx), spelled by a Windows PC or a Colab VM: the .pt is found by name."""
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     run = hub_repo(tmp_path / "ppo-Small", SMALL_RUN)
     (run / "run_logs" / "training_status.json").write_text(json.dumps(

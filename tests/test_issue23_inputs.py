@@ -87,7 +87,7 @@ def _run_dir(tmp_path: Path, status: dict) -> Path:
 
 @pytest.mark.parametrize("kind", sorted(STATUS))
 def test_6_status_naming_paths_outside_the_run_is_one_warning(kind, tmp_path):
-    from huggy_convert.rundir import discover
+    from huggy_convert.batch.rundir import discover
 
     run = _run_dir(tmp_path, STATUS[kind])
     found = discover(run)

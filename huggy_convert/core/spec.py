@@ -258,6 +258,24 @@ class PolicySpec:
         sum of its blocks' counts."""
         return _architecture().parameter_count(self, include_log_sigma)
 
+    def summary(self) -> dict:
+        """The spec as people and scripts read it (``info``, ``convert --json``, the batch manifest): the
+        family, the fields in a fixed order, the parameter count; a field a policy of this kind does not
+        use is left out, as in :meth:`to_json` (which is the canonical form, not this)."""
+        d = {"family": self.family, "algorithm": self.algorithm, "obs_sizes": list(self.obs_sizes),
+             "normalize": self.normalize, "hidden_units": self.hidden_units, "num_layers": self.num_layers,
+             "continuous_size": self.continuous_size, "discrete_branches": list(self.discrete_branches),
+             "memory_size": self.memory_size, "parameters": self.parameter_count()}
+        if self.obs_shapes:
+            d["obs_shapes"] = [list(s) for s in self.obs_shapes]
+        if self.attention_export != C.ATTENTION_EXPORT_110:
+            d["attention_export"] = self.attention_export
+        if self.vis_encode_type:
+            d["vis_encode_type"] = self.vis_encode_type
+        if self.goal_conditioning != GOAL_NONE:
+            d["goal_conditioning"], d["goal_obs"] = self.goal_conditioning, list(self.goal_obs)
+        return d
+
     def to_json(self) -> str:
         d = asdict(self)
         d["obs_sizes"] = list(self.obs_sizes)

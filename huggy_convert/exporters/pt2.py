@@ -33,6 +33,7 @@ import numpy as np
 
 from ..converter.checkpoint import torch_load_weights_only
 from ..core import torchcompat
+from ..errors import describe
 from ..core.numerics import same_arrays
 from .torch_module import build_module, export_program
 
@@ -246,5 +247,5 @@ def unsafe_reason(data: bytes) -> Optional[str]:
             if sample in names:
                 torch_load_weights_only(r.read_bytes(sample))
     except Exception as exc:
-        return f"not a readable torch.export archive ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        return f"not a readable torch.export archive ({describe(exc, 120)})"
     return None

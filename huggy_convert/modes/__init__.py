@@ -5,11 +5,3 @@ Modes use every stage (converter, exporters, verify); no stage imports modes.
 """
 from __future__ import annotations
 
-
-def register(group) -> None:
-    """Add the mode commands to the ``huggy-convert`` click group."""
-    from .commands import COMMANDS
-
-    for cmd in COMMANDS:
-        if cmd.name not in group.commands:
-            group.add_command(cmd)

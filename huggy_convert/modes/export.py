@@ -11,7 +11,7 @@ from typing import Dict, Optional
 
 from .. import contract as C
 from ..core.files import atomic_write_bytes
-from ..errors import DeviceError, ExportError, InputError
+from ..errors import DeviceError, ExportError, InputError, describe
 from ..exporters.atc import atc_plan, render
 from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 from ..pipeline import default_reference, load_reference, prepare_conversion
@@ -88,7 +88,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         onnx.checker.check_model(loaded, full_check=True)
         checker = "pass"
     except Exception as exc:
-        checker = f"FAIL: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+        checker = f"FAIL: {describe(exc, 160)}"
     r.ok = checker == "pass"
     outs: Dict[str, Dict] = {}
     checks = []

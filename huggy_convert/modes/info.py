@@ -1,7 +1,6 @@
 """``info``: spec, parameter counts, normalizer summary, checkpoint inventory, environment."""
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -9,10 +8,10 @@ import numpy as np
 
 from .. import contract as C
 from ..blocks import encoders
-from ..core.version import __version__
-from ..exporters.devices import device_name, resolve_device
+from ..exporters.devices import resolve_device
 from ..importers.from_onnx import describe_recovered, recovered_record
 from ..runtime import ort_providers
+from ..verify.engine import environment as report_environment
 from .common import ModeResult, g
 from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
 
@@ -22,29 +21,16 @@ CONSTANT_VAR = 1e-4
 
 
 def environment() -> Dict[str, object]:
-    import onnx
-    import onnxruntime
-    import torch
-
-    devs = devices_present()
-    return {"huggy_convert": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "devices": {d: device_name(d) for d in devs}, "onnxruntime_providers": ort_providers()}
+    """A verification report's environment (``verify.engine.environment``: versions, threads, host) on
+    the devices present, and onnxruntime's execution providers."""
+    env = report_environment(devices_present())
+    env["onnxruntime_providers"] = ort_providers()
+    return env
 
 
 def spec_dict(spec) -> Dict[str, object]:
-    d = {"family": spec.family, "algorithm": spec.algorithm, "obs_sizes": list(spec.obs_sizes),
-         "normalize": spec.normalize, "hidden_units": spec.hidden_units, "num_layers": spec.num_layers,
-         "continuous_size": spec.continuous_size, "discrete_branches": list(spec.discrete_branches),
-         "memory_size": spec.memory_size}
-    if spec.obs_shapes:
-        d["obs_shapes"] = [list(s) for s in spec.obs_shapes]
-    if spec.attention_export != C.ATTENTION_EXPORT_110:
-        d["attention_export"] = spec.attention_export
-    if spec.vis_encode_type:
-        d["vis_encode_type"] = spec.vis_encode_type
-    return d
+    """The spec's one summary (``PolicySpec.summary``: the same in convert --json and the manifest)."""
+    return spec.summary()
 
 
 def counted_parameters(src: Source) -> Dict[str, int]:

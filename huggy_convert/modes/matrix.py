@@ -22,15 +22,15 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import contract as C
+from ..batch.rundir import newest_checkpoint, step_checkpoints
 from ..converter import save_policy
 from ..core.files import atomic_write_bytes
-from ..errors import HuggyError, InputError
-from ..rundir import newest_checkpoint, step_checkpoints
+from ..errors import HuggyError, InputError, describe
 from ..runtime import draw_noise, ort_providers, torch_threads
 from ..verify.compare import compare_arrays
 from .actions import sample
@@ -353,7 +353,7 @@ class Matrix:
                 except HuggyError as e:
                     c.verdict, c.note = FAIL, f"error: {e.one_line()}"
                 except Exception as e:  # a crash in a case is that case's failure, not the matrix's
-                    c.verdict, c.note = FAIL, f"crashed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                    c.verdict, c.note = FAIL, f"crashed: {describe(e)}"
                 c.timings["case_s"] = round(time.perf_counter() - t0, 3)
             if echo:
                 echo(self.line(c))
@@ -377,10 +377,10 @@ class Matrix:
 
 # --- running the matrix ----------------------------------------------------------------------------
 def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures: Optional[Path] = None,
-               only: Sequence[str] = (), echo: bool = True) -> ModeResult:
+               only: Sequence[str] = (), echo: Optional[Callable[[str], None]] = None) -> ModeResult:
     """Run the table on ``source`` (a checkpoint or run directory; see :func:`resolve_target`), write
-    OUT/matrix.log and OUT/matrix.json."""
-    import click
+    OUT/matrix.log and OUT/matrix.json. ``echo``: given each line of the log as it is made (the CLI
+    prints them); the mode itself prints nothing."""
 
     target = resolve_target(source, fixtures)
     out = Path(out)
@@ -396,7 +396,7 @@ def run_matrix(out, quick: bool = False, source: Optional[Path] = None, fixtures
             "# columns: number | verdict | equivalent command | figures (seeded: identical run to run) | "
             "latency: (varies run to run; ignore in diffs)"]
     lines: List[str] = list(head)
-    say = (lambda s: click.echo(s)) if echo else (lambda s: None)
+    say = echo or (lambda s: None)
     for h in head:
         say(h)
     current = {"group": 0}

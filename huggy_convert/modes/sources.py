@@ -25,12 +25,12 @@ from ..converter.reference import read_onnx
 from ..core.files import load_npz, read_input_file
 from ..core.policy import Policy
 from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
-from ..errors import DeviceError, InputError, UnsupportedError
+from ..errors import DeviceError, InputError, UnsupportedError, describe
 from ..exporters.devices import available_devices
 from ..exporters.onnx_export import build_onnx
 from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
 from ..pipeline import default_reference, prepare_conversion
-from ..rundir import STATUS_KEY, discover, newest_checkpoint
+from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
@@ -394,7 +394,7 @@ def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"not a readable observation file ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})", p) from None
+        raise InputError(f"not a readable observation file ({describe(exc, 120)})", p) from None
     raise InputError(f"unknown observation file type '{suffix}': give .npy, .npz or .json", p)
 
 

@@ -26,6 +26,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
+from ..runtime.feeds import Memory
 from .common import ModeResult, g
 from .sources import Source, make_runner
 
@@ -56,7 +57,7 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
     mean = np.concatenate([m for m, _ in scale]).astype(np.float64)
     div = np.concatenate([d for _, d in scale]).astype(np.float64)
     u = rng.standard_normal((rows, width))
-    mem = np.zeros((rows, 1, spec.memory_size), np.float32) if spec.memory_size else None
+    memory = Memory(spec, rows)
     cont_log, disc_log = [], []
     h = hashlib.sha256()
     max_u, guard_hits, beyond_clip, finite = float(np.abs(u).max()), 0, 0, True
@@ -66,16 +67,11 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
         for i, n in enumerate(spec.obs_sizes):  # an entity set's random features: every entity real
             feed[C.OBS_INPUT.format(i=i)] = np.ascontiguousarray(obs[:, start:start + n]).reshape((rows,) + spec.obs_shape(i))
             start += n
-        if spec.discrete_branches:
-            feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
-        if mem is not None:
-            feed[C.RECURRENT_IN] = mem
-        det = runner.infer(feed)
+        det = runner.infer(memory.step(feed))
         out = dict(det)
         if stochastic:
             out.update(runner.sample(feed, seed + 1 + t))
-        if mem is not None:
-            mem = det[C.RECURRENT_OUT].astype(np.float32)
+        memory.update(det)
         cont = out.get(C.OUT_CONT) if stochastic and C.OUT_CONT in out else out.get(C.OUT_CONT_DET)
         disc = out.get(C.OUT_DISC) if stochastic and C.OUT_DISC in out else out.get(C.OUT_DISC_DET)
         if cont is not None and spec.continuous_size:

@@ -72,3 +72,23 @@ def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np
         feed[C.RECURRENT_IN] = np.zeros((rows, 1, spec.memory_size), np.float32)
     return feed
 
+
+class Memory:
+    """A closed loop's state from step to step (a fingerprint's sequence, a rollout): each step's feed
+    gets masks that allow every action and, for an LSTM, the memory the previous step returned (zeros
+    at first): ``memory.step(feed)`` before the run, ``memory.update(outputs)`` after it."""
+
+    def __init__(self, spec: PolicySpec, rows: int):
+        self.spec, self.rows = spec, rows
+        self.state = np.zeros((rows, 1, spec.memory_size), np.float32) if spec.memory_size else None
+
+    def step(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        if self.spec.discrete_branches:
+            feed[C.ACTION_MASKS] = np.ones((self.rows, self.spec.discrete_total), np.float32)
+        if self.state is not None:
+            feed[C.RECURRENT_IN] = self.state
+        return feed
+
+    def update(self, outputs: Dict[str, np.ndarray]) -> None:
+        if self.state is not None:
+            self.state = np.asarray(outputs[C.RECURRENT_OUT], np.float32)

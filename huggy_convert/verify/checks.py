@@ -21,9 +21,10 @@ from ..converter import Checkpoint
 from ..converter.reference import (compare_divisor, divisor_initializers, divisor_problem, divisor_record,
                                    official_divisors, policy_ieee_divisors, ulp_problem)
 from ..core.policy import Policy
-from ..runtime.feeds import make_probes
+from ..runtime.feeds import Memory, make_probes
 from ..runtime.threads import torch_threads
 from .bounds import Float64Policy, judge
+from ..errors import describe
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats
 from .report import FAIL, PASS, SKIP, WARN, Check
 
@@ -335,7 +336,7 @@ def check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds: Dict[
         try:
             ro, rr = run_ours(feed), run_ref(feed_name, feed)
         except Exception as exc:
-            c.add(Check(f"[{feed_name}]", FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+            c.add(Check(f"[{feed_name}]", FAIL, f"could not run: {describe(exc)}"))
             continue
         for name in rr:
             if name not in ro:
@@ -356,7 +357,7 @@ def check_outputs(run_ours, run_ref, run_ours_noise, run_ref_noise, feeds: Dict[
                 a, b = run_ours_noise(f2)[C.OUT_CONT], run_ref_noise(feed_name, f2)[C.OUT_CONT]
             except Exception as exc:
                 c.add(Check(f"{C.OUT_CONT} with injected noise [{feed_name}]", FAIL,
-                            f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+                            f"could not run: {describe(exc)}"))
                 continue
             s = array_stats(b, a)
             per_output.setdefault(C.OUT_CONT + " (injected noise)", []).append(s)
@@ -423,7 +424,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
     try:
         got = run(feed)
     except Exception as exc:  # a device or artifact that cannot run is a failed check, not a crash
-        c.status, c.summary = FAIL, f"could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        c.status, c.summary = FAIL, f"could not run: {describe(exc)}"
         return c
     overrides_rtol = overrides_rtol or {}
     ratios, worst, ties = [], [], 0
@@ -433,7 +434,7 @@ def check_runtime(title: str, run, ref, feed: Dict[str, np.ndarray], dtype: str,
         try:
             items.append((C.OUT_CONT, run_noise(), ref_noise))
         except Exception as exc:
-            c.add(Check(f"{C.OUT_CONT} (injected noise)", FAIL, f"could not run: {type(exc).__name__}: {str(exc)[:160]}"))
+            c.add(Check(f"{C.OUT_CONT} (injected noise)", FAIL, f"could not run: {describe(exc, 160)}"))
     for name, arr, r in items:
         label = name + (" (injected noise)" if name == C.OUT_CONT else "")
         want = r.values[name]
@@ -518,17 +519,12 @@ def fingerprint(step_fn, policy: Policy, steps: int, seed: int = 0, probes=None)
 
 def _fingerprint(step_fn, feed_all, policy: Policy, steps: int) -> str:
     h = hashlib.sha256()
-    mem = np.zeros((1, 1, policy.spec.memory_size), np.float32) if policy.spec.memory_size else None
+    memory = Memory(policy.spec, rows=1)
     for t in range(steps):
-        feed = {k: v[t:t + 1].copy() for k, v in feed_all.items()}  # a copy: feed_all stays as drawn
-        if policy.spec.discrete_branches:
-            feed[C.ACTION_MASKS] = np.ones_like(feed[C.ACTION_MASKS])
-        if mem is not None:
-            feed[C.RECURRENT_IN] = mem
+        feed = memory.step({k: v[t:t + 1].copy() for k, v in feed_all.items()})  # a copy: feed_all stays as drawn
         out = step_fn(feed)
         for name in (C.OUT_CONT_DET, C.OUT_DISC_DET):
             if name in out:
                 h.update(np.ascontiguousarray(out[name]).tobytes())
-        if mem is not None:
-            mem = out[C.RECURRENT_OUT]
+        memory.update(out)
     return h.hexdigest()

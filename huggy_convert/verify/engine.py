@@ -24,7 +24,7 @@ from ..core.files import atomic_write_bytes, load_npz, read_input_file
 from ..core.numerics import same_arrays
 from ..core.policy import Policy
 from ..core.version import __version__
-from ..errors import HuggyError, InputError
+from ..errors import HuggyError, InputError, describe
 from ..exporters.devices import NPU, available_devices, device_name, resolve_device, torch_npu_installed
 from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
 from ..exporters.pt2 import EXPORT_GATE, program_bytes
@@ -313,8 +313,8 @@ class Context:
             self.run_ref = lambda name, feed: _once(ran, off_sess, feed)  # noqa: E731
             self.run_ref_noise = (lambda name, feed: _once(ran_noise, off_noise, feed)) if off_noise else None  # noqa: E731
         except Exception as exc:
-            out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {type(exc).__name__}: "
-                                                f"{' '.join(str(exc).split())[:200]}", id="outputs"))
+            out.append(Check("3 outputs", FAIL, f"official ONNX does not run in onnxruntime: {describe(exc)}",
+                             id="outputs"))
             return out
         mlg = _ml_agents_golden(official_path)
         if mlg is not None:
@@ -614,7 +614,7 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
             c4.add(Check(f"saved program {pt2_path.name}", FAIL, exc.message))
         except Exception as exc:
             c4.add(Check(f"saved program {pt2_path.name}", FAIL,
-                         f"does not load with torch.export.load: {type(exc).__name__}: {str(exc)[:200]}"))
+                         f"does not load with torch.export.load: {describe(exc)}"))
     nfail = sum(1 for ch in c4.children if ch.status == FAIL)
     by_dtype: Dict[str, List[float]] = {}
     for ch in c4.children:

@@ -37,6 +37,8 @@ from multiprocessing.connection import Pipe
 from multiprocessing.connection import wait as wait_conns
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ..errors import one_line
+
 PROCESSES, THREADS, SERIAL = "processes", "threads", "serial"
 _SHARED: Dict[str, Any] = {}
 
@@ -48,6 +50,14 @@ def shared() -> Dict[str, Any]:
 
 class TaskError(Exception):
     """A task raised (in a worker or here): its one-line message."""
+
+
+def default_jobs() -> int:
+    """The workers a pool gets unless told: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def fork_available() -> bool:
@@ -79,13 +89,6 @@ def _interrupt_once(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _one_line(exc: BaseException) -> str:
-    """The one line of the one taxonomy (``errors.from_foreign`` for a foreign exception)."""
-    from .errors import from_foreign
-
-    return from_foreign(exc, getattr(exc, "filename", None)).one_line()
-
-
 def _worker(conn, parent_pid: int) -> None:
     """A forked worker's whole life: tasks in, results out, ``os._exit`` at the end (never back
     into the parent's stack)."""
@@ -112,7 +115,7 @@ def _worker(conn, parent_pid: int) -> None:
                 code = 130
                 break
             except BaseException as exc:  # noqa: BLE001 - one line back to the parent
-                out = (tid, False, _one_line(exc))
+                out = (tid, False, one_line(exc))
             if _INTERRUPTED:  # the same, inside the task: it ran to its end
                 code = 130
                 break
@@ -187,7 +190,7 @@ class Pool:
                 try:
                     yield i, True, fn(*args)
                 except Exception as exc:  # noqa: BLE001
-                    yield i, False, _one_line(exc)
+                    yield i, False, one_line(exc)
             return
         if self.mode == THREADS:
             yield from self._run_threads(tasks)
@@ -204,7 +207,7 @@ class Pool:
             for f in done:
                 i = pending.pop(f)
                 exc = f.exception()
-                yield (i, False, _one_line(exc)) if exc is not None else (i, True, f.result())
+                yield (i, False, one_line(exc)) if exc is not None else (i, True, f.result())
 
     def _run_processes(self, tasks, depth: int = 2):
         """Each worker holds up to ``depth`` tasks (the next one waits in its pipe while the parent

@@ -24,10 +24,10 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
-from . import contract as C
-from .core.artifacts import ONNX, SAFETENSORS, SUFFIXES
-from .core.files import read_input_file
-from .errors import HuggyError, from_foreign
+from .. import contract as C
+from ..core.artifacts import ONNX, SAFETENSORS, SUFFIXES
+from ..core.files import read_input_file
+from ..errors import HuggyError, from_foreign
 from .rundir import Deployed, Item
 
 OK, VERIFY_FAILED, ERROR, UNVERIFIED = "ok", "verify_failed", "error", "unverified"
@@ -113,11 +113,11 @@ def check_deployed(dep: Deployed, items: List[Item], results: Dict[str, dict], o
 def _by_content(entry: dict, dep: Deployed, cands: List[Item], results: Dict[str, dict], out: Path,
                 profile) -> None:
     """Checks 2-3 of each candidate's rebuilt ONNX (read back from OUT) against the deployed file."""
-    from .converter import load_policy
-    from .converter.reference import read_onnx
-    from .verify.checks import check_onnx_structure
-    from .verify.engine import compare_with_official
-    from .verify.report import FAIL
+    from ..converter import load_policy
+    from ..converter.reference import read_onnx
+    from ..verify.checks import check_onnx_structure
+    from ..verify.engine import compare_with_official
+    from ..verify.report import FAIL
 
     model = read_onnx(dep.path, "deployed ONNX")[0]
     tried, first_failure = 0, None

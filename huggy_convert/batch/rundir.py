@@ -15,7 +15,7 @@ name among the run's ``.pt`` files (ML-Agents' own spelling ``auxillary_file_pat
 files it does not list, ``<Behavior>-<step>.pt`` names give behavior and step. Hidden folders
 (``.git``) and OUT (when inside SOURCE) are not searched. A listed checkpoint whose file is gone is an
 item marked ``missing``. The run-root ``<Behavior>.onnx`` of each behavior is listed as ``Deployed``
-(``huggy_convert.deployed`` says which checkpoint it is).
+(``batch.deployed`` says which checkpoint it is).
 
 Output names (``Item.stem``, ``Item.sub``): the checkpoint's file stem (``Huggy-245828``;
 ``checkpoint.pt``: ``<Behavior>-checkpoint``; two files of one run with the same stem: their path below
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import contract as C
-from .core.files import check_regular, clip, read_input_file
-from .errors import InputError
+from .. import contract as C
+from ..core.files import check_regular, clip, read_input_file
+from ..errors import InputError
 
 STATUS_FILE = Path(C.STATUS_FILE)
 STATUS_KEY = STATUS_FILE.stem  # how our JSON names the status file it read

@@ -1,93 +1,20 @@
-"""Click wiring of the run modes (logic lives in the mode modules)."""
+"""The mode commands: each parses its options and returns the mode's result (``modes/``, logic there);
+``options.Command`` renders it (text or ``--json``) and gives its exit code."""
 from __future__ import annotations
 
 import inspect
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from .. import contract as C
-from ..console import show_verdict
-from ..errors import EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
-from .sources import DTYPES
-
-MAX_ROWS = 1 << 16  # rows of generated observations: Huggy's 512-wide body takes ~130 MB per layer at this bound
-ROWS = click.IntRange(1, MAX_ROWS)
-STEPS = click.IntRange(1, 1 << 20)
-
-
-class OneLineUsageError(click.UsageError):
-    """A usage error shown as the README promises: one line ``huggy-convert: error: <reason>``."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"huggy-convert: error: {' '.join(self.format_message().split())[:400]}", err=True)
-
-
-class Command(click.Command):
-    """A mode's command: a bad option (``--rows 1e9``) ends in one line, exit 2."""
-
-    def parse_args(self, ctx, args):
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise OneLineUsageError(exc.format_message(), ctx) from None
-
-
-DEVICE_HELP = "cpu, cuda[:i], npu[:i] or auto (npu, then cuda, then cpu)"
-RUNTIMES = ("auto", "torch", "onnxruntime")
-
-
-def guarded(fn, as_json: bool = False, mode: str = "") -> None:
-    """Run a mode: print its result (text or JSON), exit 0 / 1 (a check failed) / 2 (bad input:
-    one line on stderr naming the file)."""
-    try:
-        res = fn()
-    except HuggyError as e:
-        click.echo(f"huggy-convert: error: {e.one_line()}", err=True)
-        if as_json:
-            click.echo(json.dumps({"ok": False, "error": e.one_line(), "exit_code": e.exit_code}))
-        sys.exit(e.exit_code)
-    def show():
-        click.echo(res.to_json() if as_json else res.render())
-        if not res.ok:
-            click.echo(f"huggy-convert: {mode or res.mode}: a check failed (see above)", err=True)
-
-    sys.exit(show_verdict(show, EXIT_OK if res.ok else EXIT_VERIFY_FAILED))
-
-
-def _opts(*decorators):
-    def deco(f):
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-    return deco
-
-
-source_arg = click.argument("source", type=click.Path(path_type=Path), metavar="SOURCE")
-device_opt = click.option("--device", default="cpu", show_default=True, metavar="DEV", help=DEVICE_HELP)
-devices_opt = click.option("--device", "devices", multiple=True, metavar="DEV",
-                           help=f"{DEVICE_HELP}; repeatable (default: every device present)")
-dtype_opt = click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES),
-                         help="weights dtype of the torch module (an ONNX runs in float32 only)")
-runtime_opt = click.option("--runtime", default="auto", show_default=True, type=click.Choice(RUNTIMES),
-                           help="auto: torch eager for .pt/.safetensors, onnxruntime for .onnx; onnxruntime on a "
-                                "policy runs the ONNX rebuilt from it")
-json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
-seed_opt = click.option("--seed", default=0, show_default=True, type=int, help="seed of the generated inputs")
-obs_opt = click.option("--obs", default="random", show_default=True, metavar="random|zeros|probes|FILE",
-                       help="random: seeded, at the normalizer's scale; zeros; probes: verify's probes; or a file: "
-                            ".npy (rows x obs width), .npz / .json object by input name ("
-                            f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, {C.ACTION_MASKS}, {C.RECURRENT_IN}), "
-                            ".json list of rows")
-rows_opt = click.option("--rows", default=1, show_default=True, type=ROWS, help="rows of generated observations")
-
-SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."
+from ..modes.sources import DTYPES
+from .options import (DEVICE_HELP, MAX_ROWS, OPSET, ROWS, SOURCE_HELP, STEPS, Command, device_opt, devices_opt,
+                      dtype_opt, json_opt, obs_opt, options, rows_opt, runtime_opt, seed_opt, source_arg)
 
 
 def _load(source):
-    from .sources import load_source
+    from ..modes.sources import load_source
 
     return load_source(source)
 
@@ -101,58 +28,55 @@ def info_cmd(source, device, dtype, as_json):
     """Spec, parameter counts, normalizer summary, checkpoint inventory (run directory) and environment.
 
     SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
-    from .info import info
+    from ..modes.info import info
 
-    guarded(lambda: info(source, device=device, dtype=dtype), as_json)
+    return info(source, device=device, dtype=dtype)
 
 
 @click.command("act", cls=Command)
 @source_arg
-@_opts(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+@options(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
     """Deterministic actions for --obs random --seed N, --obs zeros or an observation file."""
-    from .actions import act
+    from ..modes.actions import act
 
-    guarded(lambda: act(_load(source), device, dtype, runtime, obs, rows, seed), as_json)
+    return act(_load(source), device, dtype, runtime, obs, rows, seed)
 
 
 @click.command("sample", cls=Command)
 @source_arg
-@_opts(obs_opt, rows_opt)
+@options(obs_opt, rows_opt)
 @click.option("--seed", default=0, show_default=True, type=int, help="noise seed (drawn on the CPU: the same on every device)")
 @click.option("--obs-seed", default=0, show_default=True, type=int, help="seed of --obs random")
-@_opts(device_opt, dtype_opt, runtime_opt, json_opt)
+@options(device_opt, dtype_opt, runtime_opt, json_opt)
 def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_json):
     """Stochastic actions for a seed, the same on every device (noise drawn on the CPU). An ONNX
     runs with its RandomNormalLike replaced by the same noise."""
-    from .actions import sample
+    from ..modes.actions import sample
 
-    guarded(lambda: sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed), as_json)
+    return sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed)
 
 
 @click.command("batch-sizes", cls=Command)
 @source_arg
 @click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 1 << 16), help="timed runs per size (median)")
-@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+@options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
     """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
     OUT/'): time per size, and row i of every batch vs row i of the largest (float32 with canonical
     tensors: within the derived float32 bound; otherwise the dtype's tolerance; bitwise reported).
     Exit 1 when unstable."""
     from ..errors import InputError
-    from .batch_sizes import batch_sizes
+    from ..modes.batch_sizes import batch_sizes
 
-    def go():
-        try:
-            ns = [int(s) for s in sizes.split(",") if s.strip()]
-        except ValueError:
-            raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
-        if any(not 1 <= n <= MAX_ROWS for n in ns):
-            raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
-        return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
-
-    guarded(go, as_json)
+    try:
+        ns = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
+    if any(not 1 <= n <= MAX_ROWS for n in ns):
+        raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
+    return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
 
 
 @click.command("precision", cls=Command)
@@ -161,15 +85,14 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="repeatable (default: float32, float16, bfloat16)")
 @click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows")
-@_opts(seed_opt, runtime_opt, json_opt)
+@options(seed_opt, runtime_opt, json_opt)
 def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
     max abs). float32 and float16 over verify's tolerances fail (exit 1); bfloat16 over its
     threshold is reported as not-for-production."""
-    from .precision import precision
+    from ..modes.precision import precision
 
-    guarded(lambda: precision(_load(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime),
-            as_json)
+    return precision(_load(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime)
 
 
 @click.command("onnx-compare", cls=Command)
@@ -179,21 +102,18 @@ def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
               "where the divisors differ by 1 ulp by request: then the derived float32 bound)")
 @click.option("--device", default="cpu", show_default=True, metavar="DEV", help="onnxruntime device (cpu, cuda EP)")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES), help="float32 only")
-@_opts(seed_opt, json_opt)
+@options(seed_opt, json_opt)
 def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
     """Compare ONNX files with our reference: the ONNX rebuilt from the policy, both in
     onnxruntime on the same seeded probes; per-output stats. Give a policy (.pt/.safetensors)
     and ONNX files; a policy alone compares the official <stem>.onnx beside it; an ONNX alone is
     compared with the <stem>.pt beside it. Exit 1 when an output differs."""
     from ..errors import DeviceError
-    from .compare import onnx_compare_paths
+    from ..modes.compare import onnx_compare_paths
 
-    def go():
-        if dtype != "float32":
-            raise DeviceError(f"--dtype {dtype} is not available for onnx-compare: ONNX files run in float32")
-        return onnx_compare_paths(inputs, rows=list(rows) or [64], seed=seed, device=device, bitwise=bitwise)
-
-    guarded(go, as_json)
+    if dtype != "float32":
+        raise DeviceError(f"--dtype {dtype} is not available for onnx-compare: ONNX files run in float32")
+    return onnx_compare_paths(inputs, rows=list(rows) or [64], seed=seed, device=device, bitwise=bitwise)
 
 
 @click.command("fingerprint", cls=Command)
@@ -201,14 +121,14 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
 @click.option("--steps", multiple=True, type=STEPS, help="sequence lengths, repeatable (default 64 and 128)")
 @click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order, or "
               "their first 8+ hex digits as the verify tree prints them; exit 1 on a mismatch")
-@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+@options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json):
     """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5): the
     float64 reference's, the same on every host, with this host's runtime's beside it (run twice):
     exit 1 if that one changes between runs or the reference's differs from --expect."""
-    from .fingerprint import STEPS, fingerprint
+    from ..modes.fingerprint import STEPS, fingerprint
 
-    guarded(lambda: fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect)), as_json)
+    return fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect))
 
 
 @click.command("stats", cls=Command)
@@ -216,7 +136,7 @@ def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json
 @click.option("--steps", default=256, show_default=True, type=STEPS, help="rollout length")
 @click.option("--rows", default=8, show_default=True, type=ROWS, help="parallel rollouts")
 @click.option("--stochastic", is_flag=True, help="sampled actions (noise seed = seed + 1 + t) instead of deterministic")
-@_opts(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
+@options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_json):
     """Closed-loop rollout: per-dimension action statistics (mean, std, min, max, fraction at
     the +-1 clip) and whether the loop stays bounded (exit 1 if not).
@@ -232,14 +152,11 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
     -> 2k/(n-1) - 1); xi_t ~ N(0, I); all draws from numpy default_rng(seed).
     Bounded: every action finite and |u| never reaches 10."""
     from ..errors import InputError
-    from .stats import rollout
+    from ..modes.stats import rollout
 
-    def go():
-        if steps < 1 or rows < 1:
-            raise InputError("--steps and --rows must be at least 1")
-        return rollout(_load(source), device, dtype, runtime, steps, rows, seed, stochastic)
-
-    guarded(go, as_json)
+    if steps < 1 or rows < 1:
+        raise InputError("--steps and --rows must be at least 1")
+    return rollout(_load(source), device, dtype, runtime, steps, rows, seed, stochastic)
 
 
 @click.command("benchmark", cls=Command)
@@ -252,34 +169,33 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 256),
               help="intra-op threads of torch and onnxruntime alike")
-@_opts(dtype_opt, seed_opt, json_opt)
+@options(dtype_opt, seed_opt, json_opt)
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
-    from .benchmark import RUNTIMES as ALL, benchmark
+    from ..modes.benchmark import RUNTIMES as ALL, benchmark
 
-    guarded(lambda: benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
-                              dtype, warmup, iters, seed, threads=threads), as_json)
+    return benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
+                     dtype, warmup, iters, seed, threads=threads)
 
 
 @click.command("export", cls=Command)
 @source_arg
-@click.option("--opset", type=click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1]), default=C.ONNX_OPSET_DEFAULT,
-              show_default=True, help=C.opset_story())
+@click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=C.opset_story())
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows for the reference check")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
-@_opts(seed_opt, device_opt, dtype_opt, json_opt)
+@options(seed_opt, device_opt, dtype_opt, json_opt)
 def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
     """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
     opset can be written: a different one needs the canonical tensors (exit 2)."""
-    from .export import export
+    from ..modes.export import export
 
-    guarded(lambda: export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference), as_json)
+    return export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference)
 
 
 @click.command("matrix", cls=Command)
@@ -299,23 +215,20 @@ def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
     an accelerator) SKIP and say why. Seeded: two runs print the same figures (latencies are in a
     separate column). Without CKPT|RUN_DIR, in a source checkout: the bundled fixtures (Huggy and the
     variants). Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
-    from .matrix import list_cases, run_matrix
+    from ..modes.matrix import list_cases, run_matrix
 
     if list_only:
-        def listing():
-            from .common import ModeResult
+        from ..modes.common import ModeResult
 
-            cases = list_cases(fixtures, out, source)
-            r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
-                                                "groups": len({c["group"] for c in cases})})
-            r.lines = [f"{c['number']:<5} {c['title']}  [{c['command']}]"
-                       + (f"  (needs {c['needs']})" if c["needs"] else "") + ("" if c["quick"] else "  (not in --quick)")
-                       for c in cases] + [f"{len(cases)} cases in {r.data['groups']} groups"]
-            return r
-
-        guarded(listing, as_json)
-    guarded(lambda: run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only), echo=not as_json),
-            as_json)
+        cases = list_cases(fixtures, out, source)
+        r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
+                                            "groups": len({c["group"] for c in cases})})
+        r.lines = [f"{c['number']:<5} {c['title']}  [{c['command']}]"
+                   + (f"  (needs {c['needs']})" if c["needs"] else "") + ("" if c["quick"] else "  (not in --quick)")
+                   for c in cases] + [f"{len(cases)} cases in {r.data['groups']} groups"]
+        return r
+    return run_matrix(out, quick=quick, source=source, fixtures=fixtures, only=list(only),
+                      echo=None if as_json else click.echo)
 
 
 for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):

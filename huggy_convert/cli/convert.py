@@ -1,0 +1,123 @@
+"""The artifact commands: ``convert`` (a checkpoint, an ONNX or a run directory), ``verify OUT/`` and
+``to-checkpoint``. Each parses its options, calls one stage and hands the result to ``render``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .. import contract as C
+from ..console import show_verdict
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
+from . import render
+from .options import JOBS, OPSET, Command, parse_obs_sizes, tolerance_options, verify_options
+
+
+@click.command("convert", cls=Command, subject="source")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT,
+              show_default=True, help=f"ONNX opset of the rebuilt model ({C.opset_story()})")
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
+              "(default: <stem>.onnx beside the checkpoint)")
+@click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
+              help="normalizer divisor: auto adopts the official ONNX's when it is within 1 ulp of the IEEE "
+              "sqrt(variance/steps) (folded by a sqrt that is not correctly rounded), so outputs are bitwise equal to it; ieee always "
+              "uses the IEEE value (the same bytes on every machine)")
+@click.option("--no-verify", is_flag=True, help="skip verification")
+@click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
+@click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
+              "policies with several observations and no official ONNX); a camera as CxHxW, e.g. 3x84x84,6 "
+              "(its height and width, where no official ONNX states them)")
+@click.option("--jobs", "-j", type=JOBS, default=0,
+              help="parallel workers for a run directory (default: cores)")
+@click.option("--force", is_flag=True, help="run directory: redo checkpoints the manifest already has")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+@tolerance_options
+def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
+                atol, rtol, cosine, devices, dtypes):
+    """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/."""
+    from ..pipeline import ConvertOptions, convert_one
+
+    opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
+                          reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
+                          verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
+    if source.is_dir():
+        from ..batch.run import run_batch
+
+        with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and sys.stdout.isatty()) as p:
+            res = run_batch(source, out, opts, jobs=jobs or None, force=force, events=p)
+        return show_verdict(lambda: render.batch(res, as_json), res.exit_code)
+    res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
+    return show_verdict(lambda: render.conversion(res, source, out, as_json), EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+
+@click.command("verify", cls=Command, subject="out")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to compare with (default: the one "
+              "each report records, where it is still there unchanged)")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="the source checkpoint, or the ONNX a policy was "
+              "recovered from (default: the one each report records, where it is still there unchanged)")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
+@click.option("--jobs", "-j", type=JOBS, default=0,
+              help="parallel workers (default: cores; a batch's worker pool)")
+@click.option("--profile", type=click.Choice(["recorded", "full"]), default="recorded", show_default=True,
+              help="recorded: each policy with the profile its batch gave it (OUT/manifest.json); full: the full "
+                   "profile for every policy")
+@click.option("--require-complete", is_flag=True, help=f"a partial verification (checks its conversion ran that "
+              f"could not be run again) fails: exit {EXIT_VERIFY_FAILED} instead of {EXIT_INCOMPLETE}")
+@tolerance_options
+def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_complete, atol, rtol, cosine, devices,
+               dtypes):
+    """Verify the artifacts in OUT/ (against --reference, or the golden I/O written at conversion).
+    One policy: its report's tree; several: one line each and a count (the trees in --json and in
+    each <stem>.verify.json).
+
+    \b
+    Every file a report (<stem>.verify.json) records must be there, unchanged (.safetensors, .onnx,
+    .pt2, .golden.npz): one missing or changed fails. Checks 1-2 run again on the checkpoint and
+    official ONNX the report records, where they are still there with the same sha256 (else
+    --checkpoint / --reference). Where they are not, the verdict names the checks not run:
+    'PASS (checks 1-2 not run: checkpoint not found)', exit 4.
+
+    \b
+    Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
+    with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
+    passed, but some recorded checks could not be run (partial PASS)."""
+    from ..batch.reverify import raise_error_record, verify_out
+
+    with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty(), least=2) as p:
+        recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
+                                   options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
+                                   profile=profile, render=not as_json, require_complete=require_complete, events=p)
+    render.verification(recs, workers, as_json)
+    errors = [r["error"] for r in recs if "error" in r]
+    if errors:
+        raise_error_record(errors[0])
+    done = [r for r in recs if "error" not in r]
+    if any(not r["ok"] for r in done):
+        return EXIT_VERIFY_FAILED
+    return EXIT_INCOMPLETE if any(not r["complete"] for r in done) else EXIT_OK
+
+
+@click.command("to-checkpoint", cls=Command, subject="policy")
+@click.argument("policy", type=click.Path(path_type=Path), metavar="POLICY.safetensors")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--global-step", type=click.IntRange(0, 2 ** 63 - 1), default=None,
+              help="the step stored in the file (default: the policy's training step; --initialize-from "
+                   "restarts at 0 anyway, --resume continues from it)")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+def to_checkpoint_cmd(policy, out, global_step, as_json):
+    """Write OUT/checkpoint.pt, the file ML-Agents 1.1.0 initializes a run from: the Policy state dict
+    under ML-Agents' key names, dtypes and shapes (normalizer alias keys and int64 step counts included)
+    and global_step. The optimizer, critic and reward-signal state are not in a canonical policy:
+    ML-Agents starts them fresh (it logs 'Failed to load for module ...' for each)."""
+    from ..pipeline import to_checkpoint
+
+    res = to_checkpoint(policy, out, global_step)  # written and read back: then the display
+    return show_verdict(lambda: render.checkpoint_written(res, policy, as_json),
+                        EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+
+
+COMMANDS = (convert_cmd, verify_cmd, to_checkpoint_cmd)

@@ -1,0 +1,126 @@
+"""The CLI's command class (the one guard), click types and option groups shared by the commands."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .. import contract as C
+from ..errors import InputError, from_foreign
+from ..modes.sources import DTYPES
+from . import render
+
+MAX_ROWS = 1 << 16  # rows of generated observations: Huggy's 512-wide body takes ~130 MB per layer at this bound
+ROWS = click.IntRange(1, MAX_ROWS)
+STEPS = click.IntRange(1, 1 << 20)
+JOBS = click.IntRange(0, 256)
+OPSET = click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1])
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error shown as the README promises: one line ``huggy-convert: error: <reason>``."""
+
+    def show(self, file=None) -> None:
+        render.usage_error(self.format_message())
+
+
+class Command(click.Command):
+    """Every command's class, and the one guard: a bad option (``--rows 1e9``) ends in one line, exit 2;
+    the command's body returns its exit code, or a mode's result that is rendered (text or ``--json``)
+    and gives it; any error it raises becomes one line and its exit code (``render.fail``): a
+    ``HuggyError`` as it is, a foreign failure through ``errors.from_foreign`` (an ``OSError`` names its
+    path, else the command's ``subject`` argument; a bug is exit 3), Ctrl-C "interrupted", exit 130."""
+
+    def __init__(self, *args, subject: Optional[str] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.subject = subject
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise OneLineUsageError(exc.format_message(), ctx) from None
+
+    def invoke(self, ctx):
+        as_json = bool(ctx.params.get("as_json"))
+        try:
+            result = super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit):
+            raise
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C: one line, and not exit 1 (a verdict)
+            render.interrupted()
+        except Exception as e:  # noqa: BLE001 - the one place foreign failures become typed errors
+            subject = ctx.params.get(self.subject) if self.subject else None
+            render.fail(from_foreign(e, getattr(e, "filename", None) or subject), as_json)
+        sys.exit(render.outcome(result, as_json))
+
+
+def parse_obs_sizes(text: str):
+    """``--obs-sizes``: comma-separated widths (``8,5``), a camera as ``CxHxW`` (``3x84x84,6``)."""
+    out = []
+    for part in text.split(","):
+        try:
+            dims = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            raise InputError(f"--obs-sizes '{text}' is not a comma-separated list of widths or CxHxW shapes") from None
+        if len(dims) not in (1, 3) or min(dims) < 1:
+            raise InputError(f"--obs-sizes '{text}': '{part}' is neither a width nor a CxHxW camera shape")
+        out.append(dims[0] if len(dims) == 1 else dims)
+    return out
+
+
+def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
+    from ..verify import VerifyOptions, parse_overrides
+
+    return VerifyOptions(rows=rows, seed=seed, devices=list(devices) or None, dtypes=tuple(dtypes),
+                         atol=parse_overrides(atol), rtol=parse_overrides(rtol), cosine=parse_overrides(cosine))
+
+
+def options(*decorators):
+    """Several click decorators as one (an option group)."""
+    def deco(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return deco
+
+
+tolerance_options = options(
+    click.option("--atol", multiple=True, metavar="[OUTPUT:]TOL",
+                 help="absolute tolerance for module checks, per output (Polygraphy style), in place of the "
+                      "derived float32 bound for that output (fp16/bf16: of their thresholds); repeatable. "
+                      "OUTPUT: an output of the policy (of one of them, over several), else exit 2 before "
+                      "anything is written; * or none: every output"),
+    click.option("--rtol", multiple=True, metavar="[OUTPUT:]TOL",
+                 help="relative tolerance: an element fails only past both atol and rtol (with --atol: "
+                      "an --atol override alone means absolute only)"),
+    click.option("--cosine", multiple=True, metavar="[OUTPUT:]MIN", help="minimum cosine similarity, per output"),
+    click.option("--verify-device", "devices", multiple=True, metavar="DEV",
+                 help="devices to verify on (default: every device present: cpu, cuda:i, npu:i)"),
+    click.option("--verify-dtype", "dtypes", multiple=True, default=("float32", "float16", "bfloat16"),
+                 show_default=True, type=click.Choice(["float32", "float16", "bfloat16"])),
+)
+
+DEVICE_HELP = "cpu, cuda[:i], npu[:i] or auto (npu, then cuda, then cpu)"
+RUNTIMES = ("auto", "torch", "onnxruntime")
+SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."
+
+source_arg = click.argument("source", type=click.Path(path_type=Path), metavar="SOURCE")
+device_opt = click.option("--device", default="cpu", show_default=True, metavar="DEV", help=DEVICE_HELP)
+devices_opt = click.option("--device", "devices", multiple=True, metavar="DEV",
+                           help=f"{DEVICE_HELP}; repeatable (default: every device present)")
+dtype_opt = click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES),
+                         help="weights dtype of the torch module (an ONNX runs in float32 only)")
+runtime_opt = click.option("--runtime", default="auto", show_default=True, type=click.Choice(RUNTIMES),
+                           help="auto: torch eager for .pt/.safetensors, onnxruntime for .onnx; onnxruntime on a "
+                                "policy runs the ONNX rebuilt from it")
+json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+seed_opt = click.option("--seed", default=0, show_default=True, type=int, help="seed of the generated inputs")
+obs_opt = click.option("--obs", default="random", show_default=True, metavar="random|zeros|probes|FILE",
+                       help="random: seeded, at the normalizer's scale; zeros; probes: verify's probes; or a file: "
+                            ".npy (rows x obs width), .npz / .json object by input name ("
+                            f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, {C.ACTION_MASKS}, {C.RECURRENT_IN}), "
+                            ".json list of rows")
+rows_opt = click.option("--rows", default=1, show_default=True, type=ROWS, help="rows of generated observations")
