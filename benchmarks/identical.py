@@ -44,9 +44,17 @@ def checkpoints(all_steps: bool):
 
 def convert(tree: Path, pt: Path, out: Path, opset: int) -> int:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-c", "import sys; from huggy_convert.cli import entry; sys.argv[0] = 'huggy-convert'; entry()",
+    cmd = [sys.executable, "-c", "import sys, huggy_convert; from huggy_convert.cli import entry; "
+           "sys.stderr.write(huggy_convert.__file__ + '\\n'); sys.argv[0] = 'huggy-convert'; entry()",
            str(pt), str(out), "--opset", str(opset)]
-    return subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    # cwd: the output's folder, not a checkout (``python -c`` puts the working directory first on sys.path,
+    # before PYTHONPATH: run from a checkout, that checkout's package would be imported for both trees)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(cmd, env=env, cwd=out.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    imported = (r.stderr.splitlines() or [""])[0]
+    if not imported.startswith(str(tree) + os.sep):  # the comparison would be of one tree with itself
+        sys.exit(f"{tree}: the conversion imported {imported or 'nothing'} instead")
+    return r.returncode
 
 
 def digests(out: Path):
