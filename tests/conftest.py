@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,51 @@ def assert_rebuilt_outputs_bitwise(official, policy, feeds, outputs):
             for out in outputs:
                 assert got[out].tobytes() == want[k][out].tobytes(), (opset, k, out)
     return ours
+
+
+def assert_onnx_mirrors_official(policy, official):
+    """Opset 9: the ONNX rebuilt from ``policy`` passes check 2 against ``official`` (op sequence,
+    attributes, initializers paired by node and input slot), has its node types in order, and every
+    initializer it shares a name with the official file (the checkpoint's keys) is bitwise that one
+    (the folded divisor has another name there). Returns the rebuilt model."""
+    from onnx import numpy_helper
+
+    from huggy_convert.exporters.onnx_export import build_onnx
+    from huggy_convert.verify.checks import check_onnx_structure
+
+    ours = build_onnx(policy, 9)
+    c = check_onnx_structure(ours, official, "rebuilt", "official", policy)
+    assert c.status == "pass", [(s.title, s.summary) for s in c.children]
+    assert [n.op_type for n in ours.graph.node] == [n.op_type for n in official.graph.node]
+    theirs = {t.name: numpy_helper.to_array(t).tobytes() for t in official.graph.initializer}
+    paired = [t for t in ours.graph.initializer if t.name in theirs]
+    assert paired
+    for t in paired:
+        assert numpy_helper.to_array(t).tobytes() == theirs[t.name], t.name
+    return ours
+
+
+ML_AGENTS_FILES = (".pt", ".onnx", ".golden.npz")  # a step checkpoint, its official ONNX, its golden I/O
+
+
+def copy_sources(checkpoint: Path, dst: Path) -> Path:
+    """The checkpoint and what ML-Agents wrote beside it (official ONNX, golden inputs), copied into
+    ``dst``; returns the copied checkpoint."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for suffix in ML_AGENTS_FILES:
+        shutil.copyfile(checkpoint.with_suffix(suffix), dst / (checkpoint.stem + suffix))
+    return dst / checkpoint.name
+
+
+def convert_without_sources(checkpoint: Path, src: Path, out: Path, options=None) -> Path:
+    """OUT of a conversion whose sources are gone since (converted from a copy in ``src``, then ``src``
+    removed): what ``verify OUT/`` sees on another machine, or after the run directory was cleaned up."""
+    from huggy_convert.pipeline import convert_one
+
+    res = convert_one(copy_sources(checkpoint, src), out, options)
+    assert res.report.ok, res.report.render()
+    shutil.rmtree(src)
+    return out
 
 
 def assert_back_to_the_checkpoint(ckpt, policy, dest: Path):

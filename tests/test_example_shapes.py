@@ -17,13 +17,11 @@ import json
 import re
 
 import pytest
-from conftest import (FAMILIES, assert_rebuilt_outputs_bitwise, family_run, family_step, load_families,
-                      run_cli)
-from onnx import numpy_helper
+from conftest import (FAMILIES, assert_onnx_mirrors_official, assert_rebuilt_outputs_bitwise, family_run,
+                      family_step, load_families, run_cli)
 
 from huggy_convert.exporters.onnx_export import build_onnx
 from huggy_convert.runtime import make_probes
-from huggy_convert.verify.checks import check_onnx_structure
 
 NAMES = ("gridworld", "visual_pushblock", "hallway_mlagents030")
 # per fixture: (observation shapes, goal observations, vis_encode_type, discrete branches, memory size,
@@ -64,13 +62,7 @@ def test_onnx_mirrors_the_official_node_for_node(fx, name):
     """Opset 9: the same op sequence and attributes, every initializer paired with a bitwise-equal
     official one."""
     _, off, _, pol = fx[name]
-    ours = build_onnx(pol, 9)
-    c = check_onnx_structure(ours, off, "rebuilt", "official", pol)
-    assert c.status == "pass", [(s.title, s.summary) for s in c.children]
-    assert [n.op_type for n in ours.graph.node] == [n.op_type for n in off.graph.node]
-    theirs = {t.name: numpy_helper.to_array(t).tobytes() for t in off.graph.initializer}
-    paired = [t for t in ours.graph.initializer if t.name in theirs]
-    assert paired and all(numpy_helper.to_array(t).tobytes() == theirs[t.name] for t in paired)
+    ours = assert_onnx_mirrors_official(pol, off)
     assert len(ours.graph.node) == family_run(name)["facts"]["onnx_nodes"] == EXPECT[name][5]
     assert len(build_onnx(pol, 13).graph.node) == EXPECT[name][6]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import VARIANTS, step_checkpoints
+from conftest import VARIANTS, convert_without_sources, step_checkpoints
 
 from huggy_convert import contract as C
 
@@ -181,14 +181,10 @@ def converted(tmp_path_factory):
     """OUT of a conversion whose sources are gone since (converted from a copy, then removed): check 3
     then has only the golden file to compare with, so it reads it (with the official ONNX there, the
     golden file is checked by its sha256 alone)."""
-    from huggy_convert.pipeline import ConvertOptions, convert_one
+    from huggy_convert.pipeline import ConvertOptions
 
-    src, out = tmp_path_factory.mktemp("small_src"), tmp_path_factory.mktemp("converted")
-    for suffix in (".pt", ".onnx", ".golden.npz"):
-        shutil.copy(SMALL.with_suffix(suffix), src)
-    assert convert_one(src / SMALL.name, out, ConvertOptions(program=False)).ok
-    shutil.rmtree(src)
-    return out
+    return convert_without_sources(SMALL, tmp_path_factory.mktemp("small_src"), tmp_path_factory.mktemp("converted"),
+                                   ConvertOptions(program=False))
 
 
 def _rewrite(change):

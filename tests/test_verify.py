@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import HUGGY_RUN, VARIANTS, run_cli, step_checkpoints, variant_names
+from conftest import (HUGGY_RUN, VARIANTS, convert_without_sources, copy_sources, run_cli, step_checkpoints,
+                      variant_names)
 from onnx import numpy_helper
 
 from huggy_convert.cli import main
@@ -40,13 +41,7 @@ def out(converted, tmp_path):
 def converted_alone(tmp_path_factory):
     """OUT of a conversion whose sources are gone since (converted from a copy, then removed): what
     'verify OUT/' sees on another machine, or after the run directory was cleaned up."""
-    src, out = tmp_path_factory.mktemp("huggy_src"), tmp_path_factory.mktemp("huggy_alone")
-    for suffix in (".pt", ".onnx", ".golden.npz"):
-        shutil.copy(HUGGY.with_suffix(suffix), src)
-    res = convert_one(src / HUGGY.name, out)
-    assert res.report.ok, res.report.render()
-    shutil.rmtree(src)
-    return out
+    return convert_without_sources(HUGGY, tmp_path_factory.mktemp("huggy_src"), tmp_path_factory.mktemp("huggy_alone"))
 
 
 @pytest.fixture
@@ -542,9 +537,7 @@ def test_converting_into_the_checkpoints_own_folder_overwrites_nothing(tmp_path)
     """``huggy-convert run/Huggy/Huggy-1.pt run/Huggy/`` would replace the official ONNX (and its
     golden file) with the rebuilt ones: refused, one line, exit 2, every file unchanged."""
     run = tmp_path / "Huggy"
-    run.mkdir()
-    for suffix in (".pt", ".onnx", ".golden.npz"):
-        shutil.copyfile(HUGGY.with_suffix(suffix), run / f"{STEM}{suffix}")
+    copy_sources(HUGGY, run)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     r = invoke(run / f"{STEM}.pt", run)
     assert r.exit_code == 2 and f"{STEM}.onnx would overwrite {STEM}.onnx" in r.stderr, r.output

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from conftest import VARIANTS, step_checkpoints
+from conftest import VARIANTS, copy_sources, step_checkpoints
 
 from huggy_convert.cli import main
 from huggy_convert.errors import EXIT_INCOMPLETE
@@ -30,14 +30,6 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def _copy_sources(dst, ck=SMALL):
-    """The checkpoint and what ML-Agents wrote beside it (official ONNX, golden inputs), copied into ``dst``."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for suffix in (".pt", ".onnx", ".golden.npz"):
-        shutil.copy(ck.with_suffix(suffix), dst)
-    return dst / ck.name
-
-
 def _moved(root):
     """``root/before`` renamed ``root/tree``: a tree moved as a whole (sources and OUT), so the absolute
     paths the reports record are gone and only the paths they record relative to OUT find the sources."""
@@ -49,7 +41,7 @@ def _moved(root):
 def converted(tmp_path_factory):
     """``src/`` (the sources) and ``out/`` side by side."""
     root = tmp_path_factory.mktemp("small")
-    res = convert_one(_copy_sources(root / "before" / "src"), root / "before" / "out")
+    res = convert_one(copy_sources(SMALL, root / "before" / "src"), root / "before" / "out")
     assert res.report.ok, res.report.render()
     return _moved(root)
 

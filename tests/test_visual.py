@@ -10,9 +10,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import (FIXTURES, assert_back_to_the_checkpoint, assert_rebuilt_outputs_bitwise, family_step,
-                      load_families, run_cli)
-from onnx import numpy_helper
+from conftest import (FIXTURES, assert_back_to_the_checkpoint, assert_onnx_mirrors_official,
+                      assert_rebuilt_outputs_bitwise, family_step, load_families, run_cli)
 
 from huggy_convert import contract as C
 from huggy_convert.converter import load_checkpoint
@@ -24,7 +23,6 @@ from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import OrtRunner, make_probes
 from huggy_convert.core import bounds as core_bounds
 from huggy_convert.verify import bounds
-from huggy_convert.verify.checks import check_onnx_structure
 
 FAMILIES = FIXTURES / "families"
 RUNS = {r["name"]: r for r in json.loads((FAMILIES / "manifest.json").read_text())["runs"]}
@@ -82,14 +80,7 @@ def test_onnx_mirrors_the_official_node_for_node(fx, name):
     """Opset 9: the same op sequence and attributes, and every initializer paired by (node, input slot)
     with a bitwise-equal official one (same names too: the checkpoint keys)."""
     _, off, _, pol = fx[name]
-    ours = build_onnx(pol, 9)
-    c = check_onnx_structure(ours, off, "rebuilt", "official", pol)
-    assert c.status == "pass", [(s.title, s.summary) for s in c.children]
-    assert [n.op_type for n in ours.graph.node] == [n.op_type for n in off.graph.node]
-    theirs = {t.name: numpy_helper.to_array(t).tobytes() for t in off.graph.initializer}
-    for t in ours.graph.initializer:
-        if t.name in theirs:  # (the folded divisor has another name in the official file)
-            assert numpy_helper.to_array(t).tobytes() == theirs[t.name], t.name
+    ours = assert_onnx_mirrors_official(pol, off)
     assert len(ours.graph.node) == RUNS[name]["facts"]["onnx_nodes"] == EXPECT[name][2]
     assert len(build_onnx(pol, 13).graph.node) == EXPECT[name][3]
 
