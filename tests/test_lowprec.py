@@ -65,9 +65,10 @@ def test_exact_conversions_pass_in_float16_and_bfloat16(case):
                 assert "error/bound" in ch.summary and 0 <= ch.figures["ratio"] < 1
 
 
-def test_half_bounds_are_wider_than_float32_and_float32_is_unchanged():
-    """The float32 forward is the default (``forward(feed)`` = ``precision=FLOAT32``, bitwise), and each
-    half format's bound is at least float32's, element by element (bfloat16's at least float16's)."""
+def test_half_bounds_are_wider_than_float32_and_float32_is_the_default():
+    """The default precision is float32: ``forward(feed)`` gives the same values and bounds as
+    ``precision=FLOAT32``, bitwise; and with float16's precision the values are the same, each half
+    format's bound at least float32's, element by element (bfloat16's at least float16's)."""
     pol = policy_of(variant_ckpt("lstm"))
     fp, feed = Float64Policy(pol), make_probes(pol, 16, 0)
     noise = make_noise(pol, 16, 0)
@@ -95,13 +96,14 @@ def test_a_float16_normalizer_fails_the_float16_bound():
     assert det.status == FAIL and "OVER the bound" in det.summary and det.figures["ratio"] > 1
 
 
+@pytest.mark.parametrize("offset", [0.5, 0.02])
 @pytest.mark.parametrize("dtype", HALF)
-def test_a_wrong_weight_fails_in_half_precision(dtype):
-    """One action weight off by 0.5 (a visible amount; every runtime the same): over the bound in
-    float16 and in bfloat16 alike (a failure, never a bfloat16 warning)."""
+def test_a_wrong_weight_fails_in_half_precision(dtype, offset):
+    """One action weight off by 0.5 (a visible amount) or by 0.02 (a small one; every runtime the same):
+    over the bound in float16 and in bfloat16 alike (a failure, never a bfloat16 warning)."""
     pol = policy_of(variant_ckpt("hybrid"))
     feed = make_probes(pol, 64, 0)
-    bad = with_tensor(pol, C.C_MU_W, lambda w: (w.__setitem__((0, 0), w[0, 0] + 0.5), w)[1])
+    bad = with_tensor(pol, C.C_MU_W, lambda w: (w.__setitem__((0, 0), w[0, 0] + offset), w)[1])
     c = judged(bad, build_module(bad, dtype=dtype), dtype, feed, ref_pol=pol)
     assert c.status == FAIL, [(ch.title, ch.summary) for ch in c.children]
     det = next(ch for ch in c.children if ch.title == C.OUT_CONT_DET)
