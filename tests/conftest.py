@@ -1,6 +1,7 @@
 """Shared test fixtures: the committed files that ML-Agents' own code wrote (fixtures/)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,8 +26,6 @@ def step_checkpoints(run_dir: Path):
 
 def family_run(name: str) -> dict:
     """A family fixture's record in fixtures/families/manifest.json."""
-    import json
-
     return {r["name"]: r for r in json.loads((FAMILIES / "manifest.json").read_text())["runs"]}[name]
 
 
@@ -72,11 +71,20 @@ def assert_rebuilt_outputs_bitwise(official, policy, feeds, outputs):
     return ours
 
 
-def assert_onnx_mirrors_official(policy, official):
+def bitwise_outputs(spec):
+    """The outputs that are comparable bit for bit: the constants, the deterministic actions (an argmax
+    among them) and the memory (``recurrent_out``)."""
+    sig = spec.io_signature()
+    return [p.name for p in sig.constant_outputs()] + sig.deterministic_output_names()
+
+
+def assert_onnx_mirrors_official(policy, official, nodes=None, manifest_nodes=None):
     """Opset 9: the ONNX rebuilt from ``policy`` passes check 2 against ``official`` (op sequence,
     attributes, initializers paired by node and input slot), has its node types in order, and every
     initializer it shares a name with the official file (the checkpoint's keys) is bitwise that one
-    (the folded divisor has another name there). Returns the rebuilt model."""
+    (the folded divisor has another name there). ``nodes=(n9, n13)``: it has ``n9`` nodes (and so has
+    the official file; ``manifest_nodes``, the generator's recorded count, equals it too where given) and
+    the rebuild at opset 13 has ``n13``. Returns the rebuilt model."""
     from onnx import numpy_helper
 
     from huggy_convert.exporters.onnx_export import build_onnx
@@ -91,6 +99,12 @@ def assert_onnx_mirrors_official(policy, official):
     assert paired
     for t in paired:
         assert numpy_helper.to_array(t).tobytes() == theirs[t.name], t.name
+    if nodes is not None:
+        n9, n13 = nodes
+        assert len(ours.graph.node) == len(official.graph.node) == n9
+        if manifest_nodes is not None:
+            assert manifest_nodes == n9
+        assert len(build_onnx(policy, 13).graph.node) == n13
     return ours
 
 
