@@ -1,6 +1,7 @@
 """Shared test fixtures: the committed files that ML-Agents' own code wrote (fixtures/)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -118,6 +119,26 @@ def copy_sources(checkpoint: Path, dst: Path) -> Path:
     for suffix in ML_AGENTS_FILES:
         shutil.copyfile(checkpoint.with_suffix(suffix), dst / (checkpoint.stem + suffix))
     return dst / checkpoint.name
+
+
+def copy_out(converted: Path, dst: Path) -> Path:
+    """A test's own copy, at ``dst``, of a module-scoped OUT (``converted``): to change, move or delete
+    files in without touching the other tests' OUT."""
+    shutil.copytree(converted, dst)
+    return dst
+
+
+def rerecord(path: Path) -> None:
+    """The report beside the artifact at ``path`` (``<stem>.verify.json``) records that file's sha256 now,
+    as a conversion that wrote this file would have (a file other than the one its report records fails
+    check 6). The artifact's kind (golden, onnx, ...) is read from its suffix."""
+    from huggy_convert.core.artifacts import REPORT, SUFFIXES
+
+    kind, suffix = next((k, s) for k, s in SUFFIXES.items() if k != REPORT and path.name.endswith(s))
+    report = path.with_name(path.name[:-len(suffix)] + SUFFIXES[REPORT])
+    rep = json.loads(report.read_text())
+    rep["recorded"]["artifacts"][kind]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    report.write_text(json.dumps(rep))
 
 
 def convert_without_sources(checkpoint: Path, src: Path, out: Path, options=None) -> Path:

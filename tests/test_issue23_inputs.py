@@ -5,7 +5,6 @@ Inputs are made at test time from the small variant (fixtures/variants/small).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import warnings
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import VARIANTS, convert_without_sources, step_checkpoints
+from conftest import VARIANTS, convert_without_sources, copy_out, rerecord, step_checkpoints
 
 from huggy_convert import contract as C
 
@@ -195,10 +194,7 @@ def _rewrite(change):
         d = change(dict(np.load(p)))
         with open(p, "wb") as f:
             np.savez(f, **d)
-        report = p.with_name(p.name.replace(".golden.npz", ".verify.json"))
-        rep = json.loads(report.read_text())
-        rep["recorded"]["artifacts"]["golden"]["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()
-        report.write_text(json.dumps(rep))
+        rerecord(p)
     return damage
 
 
@@ -215,8 +211,7 @@ GOLDEN = {
 
 @pytest.mark.parametrize("kind", sorted(GOLDEN))
 def test_6_golden_without_what_check_3_reads_fails_that_check(kind, converted, tmp_path):
-    out = tmp_path / "out"
-    shutil.copytree(converted, out)
+    out = copy_out(converted, tmp_path / "out")
     golden = out / f"{SMALL.stem}.golden.npz"
     damage, expect = GOLDEN[kind]
     damage(golden)

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import (HUGGY_RUN, VARIANTS, convert_without_sources, copy_sources, run_cli, step_checkpoints,
-                      variant_names)
+from conftest import (HUGGY_RUN, VARIANTS, convert_without_sources, copy_out, copy_sources, rerecord, run_cli,
+                      step_checkpoints, variant_names)
 from onnx import numpy_helper
 
 from huggy_convert.cli import main
@@ -32,23 +32,18 @@ def converted(tmp_path_factory):
 
 @pytest.fixture
 def out(converted, tmp_path):
-    d = tmp_path / "out"
-    shutil.copytree(converted, d)
-    return d
+    return copy_out(converted, tmp_path / "out")
 
 
 @pytest.fixture(scope="module")
 def converted_alone(tmp_path_factory):
-    """OUT of a conversion whose sources are gone since (converted from a copy, then removed): what
-    'verify OUT/' sees on another machine, or after the run directory was cleaned up."""
+    """Huggy's OUT, its sources gone (``conftest.convert_without_sources``)."""
     return convert_without_sources(HUGGY, tmp_path_factory.mktemp("huggy_src"), tmp_path_factory.mktemp("huggy_alone"))
 
 
 @pytest.fixture
 def alone(converted_alone, tmp_path):
-    d = tmp_path / "alone"
-    shutil.copytree(converted_alone, d)
-    return d
+    return copy_out(converted_alone, tmp_path / "alone")
 
 
 def invoke(*args):
@@ -267,12 +262,7 @@ def _rewrite_golden(path, host=None, nudge=0):
         a = np.where(free, np.nextafter(a, np.float32(np.inf) if nudge > 0 else np.float32(-np.inf)), a).astype(np.float32)
     d[k] = a
     np.savez(path, **d)
-    import hashlib
-
-    report = path.with_name(path.name.replace(".golden.npz", ".verify.json"))
-    rep = json.loads(report.read_text())
-    rep["recorded"]["artifacts"]["golden"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    report.write_text(json.dumps(rep))
+    rerecord(path)
 
 
 def test_golden_from_another_host_is_judged_by_the_derived_bound(alone):
