@@ -102,32 +102,17 @@ def test_every_variant_passes(name, tmp_path):
     assert res.reference == ck.with_suffix(".onnx")
 
 
-def test_verify_dir_rechecks_without_checkpoint_or_official(alone):
-    """The sources are gone: checks 3-6 against the golden file written at conversion, and the verdict
-    says checks 1-2 were not run (exit 4, not a full PASS). (Was exit 0 with a bare PASS: issue 23.)"""
-    r = invoke("verify", alone)
-    assert r.exit_code == 4, r.output
-    assert "golden" in r.output and "verdict: PASS (checks 1-2 not run: checkpoint not found, official ONNX not " \
-        "found)" in r.output
-
-
-def test_verify_dir_reruns_checks_1_and_2_on_the_recorded_sources(out):
-    """The checkpoint and the official ONNX the report records are still there, unchanged: checks 1-2
-    run again as the conversion ran them; a full PASS, exit 0."""
-    r = invoke("verify", out, "--verify-dtype", "float32", "--json")
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.stdout)
-    assert rep["verdict"] == "PASS" and rep["complete"] and rep["not_run"] == []
-    c1, c2 = rep["checks"][:2]
-    assert c1["status"] == "pass" and "tensors bitwise equal to their checkpoint keys" in c1["summary"]
-    assert c2["status"] == "pass" and c2["title"] == f"2 rebuilt ONNX vs official (official {STEM}.onnx)"
-
-
+# verify OUT/ with the recorded sources in place (exit 0) or gone (exit 4): tests/test_verify_record.py,
+# on the Small variant
 def test_verify_with_reference_and_checkpoint_json(out):
+    """The sources named: checks 1-2 run on them; a full PASS, exit 0."""
     r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"), "--checkpoint", HUGGY, "--json")
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
-    assert rep["ok"] and rep["checks"][0]["status"] == "pass"
+    assert rep["ok"] and rep["verdict"] == "PASS" and rep["complete"] and rep["not_run"] == []
+    c1, c2 = rep["checks"][:2]
+    assert c1["status"] == "pass" and "tensors bitwise equal to their checkpoint keys" in c1["summary"]
+    assert c2["status"] == "pass" and c2["title"] == f"2 rebuilt ONNX vs official (official {STEM}.onnx)"
 
 
 def test_flipped_bit_in_one_initializer_fails(out):
