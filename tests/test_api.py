@@ -95,6 +95,6 @@ def test_to_checkpoint_from_a_checkpoint_path_gives_its_policy_back(tmp_path):
     assert res.ok and res.source is None
     back, orig = load_checkpoint(res.path), load_checkpoint(src)
     assert back.global_step == orig.global_step
+    assert list(back.policy) == list(orig.policy)  # the same keys in the same order, then each one's dtype and bits
     for k, v in orig.policy.items():
-        if k in back.policy:
-            assert np.asarray(back.policy[k]).tobytes() == np.asarray(v).tobytes(), k
+        assert back.policy[k].dtype == v.dtype and np.asarray(back.policy[k]).tobytes() == np.asarray(v).tobytes(), k
