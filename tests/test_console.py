@@ -48,9 +48,8 @@ COMMANDS = {
     "export": [["export", str(SMALL), "-o", "x.onnx", "--rows", "4"]],
     "matrix": [["matrix", str(SMALL), "--out", "m", "--only", "1.2"]],
 }
-# what legitimately differs between two runs on the same console: timings (seconds, latencies); the
-# files holding them are compared without them
-# what differs per run: timings, and the reports' hashes (a report records where its sources were)
+# what legitimately differs between two runs on the same console, dropped from the files compared: the
+# timings (seconds, latencies) and the reports' sha256 (a report records where its sources were)
 TIMINGS = {"seconds", "ms_per_checkpoint", "total_s", "timings", "report_sha256"}
 
 DRIVER = r"""

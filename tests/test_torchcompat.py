@@ -1,5 +1,5 @@
 """torch's private APIs each have a public fallback that gives the same result: the same ``.pt2`` bytes,
-the same forward bits, the same verdict on an archive (``huggy_convert.torchcompat``)."""
+the same forward bits, the same verdict on an archive (``huggy_convert.core.torchcompat``)."""
 from __future__ import annotations
 
 import io
