@@ -230,8 +230,8 @@ def accumulation(n: int) -> float:
     """The relative bound on the rounding error of a sum of ``n`` terms (or an inner product of length
     ``n``) in any order, accumulated in float32 in every format (each operation's unit roundoff
     ``u = U32``), against the sum of the terms' magnitudes: the deterministic
-    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1) or the probabilistic ``LAMBDA u sqrt(n)`` of the model above,
-    whichever is smaller (short sums: the deterministic one)."""
+    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1) or
+    the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums: the deterministic one)."""
     u = U32
     return min(n * u / (1 - n * u), LAMBDA * u * np.sqrt(n)) if n * u < 1 else LAMBDA * u * np.sqrt(n)
 
