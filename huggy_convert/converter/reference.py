@@ -243,7 +243,7 @@ def read_onnx(path, what: str = "ONNX model"):
     (``core.files.read_input_file``), a protobuf ``onnx`` parses, ``onnx.checker.check_model``
     with ``full_check=True`` (a cycle, a missing initializer, an IR version or opset it does not
     know, a type error: all refused), a default-domain opset Unity imports, and an ML-Agents policy's
-    ``obs_0`` float input of a width in 1..``spec.MAX_WIDTH``. Returns (model, the file's bytes)."""
+    ``obs_0`` float input of a width in 1..``core.spec.MAX_WIDTH``. Returns (model, the file's bytes)."""
     import onnx
 
     data = read_input_file(path, what)
