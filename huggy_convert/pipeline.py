@@ -5,7 +5,6 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from .core.policy import Policy
 from .errors import InputError
 from .exporters.atc import atc_plan
 from .exporters.registry import EXPORTERS
-from .importers import read_source
+from .importers import checkpoint_from_onnx, is_onnx_source, read_source
 from .verify import Reference, VerifyOptions, verify
 from .verify.engine import check_devices, check_tolerance_outputs, report_bytes, source_record
 
@@ -52,6 +51,7 @@ class ConvertResult:
     report: Optional[object] = None
     reference: Optional[Path] = None
     seconds: float = 0.0
+    atc_plan: Optional[Dict[str, object]] = None  # exporters.atc's plan for the .onnx written
 
     @property
     def ok(self) -> bool:
@@ -79,14 +79,10 @@ class ConvertResult:
                            "first_failure": self.report.first_failure()}
         return d
 
-
     def atc(self) -> Optional[Dict[str, object]]:
-        """The ``atc`` command for the ``.onnx`` written (``exporters.atc``), read off the file."""
-        a = self.artifacts.get(ONNX)
-        if a is None:
-            return None
-
-        return atc_plan(onnx.load(a["path"]), a["path"], self.conversion.policy.spec)
+        """The ``atc`` command for the ``.onnx`` written (``exporters.atc``), made by ``convert_one`` from
+        the model it wrote."""
+        return self.atc_plan
 
 
 def default_reference(ckpt_path: Path) -> Optional[Path]:
@@ -122,13 +118,14 @@ def obs_sizes_from_reference(ckpt: Checkpoint, model: Optional[onnx.ModelProto])
     return sizes if len(sizes) > 1 and all(sizes) else None
 
 
-def read_reference(path: Path):
-    """(the official ONNX, its sha256), the file read once."""
+def read_reference(path, data: Optional[bytes] = None):
+    """(the official ONNX, its sha256), the file read once (``data``: its bytes, already read; checked
+    as the file would be)."""
     path = Path(path)
-    if not path.exists() and not path.is_symlink():
+    if data is None and not path.exists() and not path.is_symlink():
         raise InputError("reference ONNX not found", path)
-    model, data = read_onnx(path, "reference ONNX")
-    return model, hashlib.sha256(data).hexdigest()
+    model, data = read_onnx(path, "reference ONNX", data=data)
+    return model, sha256_bytes(data)
 
 
 def load_reference(path: Path) -> onnx.ModelProto:
@@ -144,19 +141,16 @@ class Prepared:
     reference: Optional[Path]
     reference_sha256: Optional[str] = None
 
-    @property
-    def divisor(self) -> Dict[str, object]:
-        return divisor_record(self.conversion.policy)
-
 
 def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: Optional[Sequence[int]] = None,
-                       divisor: str = "auto", lenient: bool = False) -> Prepared:
+                       divisor: str = "auto", lenient: bool = False, reference_read: Optional[tuple] = None) -> Prepared:
     """checkpoint + official ONNX -> canonical policy: the observation split (``normalize: false``
     keeps none: the official's inputs give it) and the divisors (``converter.reconcile_divisors``).
     The one place single conversion, batch and the modes decide both. ``lenient``: an unreadable
-    reference is ignored (the modes), instead of an error (a conversion)."""
-    official = ref_sha = None
-    if reference is not None:
+    reference is ignored (the modes), instead of an error (a conversion). ``reference_read``: (model,
+    sha256) of ``reference``, already read and checked (an ONNX source that is its own reference)."""
+    official, ref_sha = reference_read if reference_read is not None else (None, None)
+    if reference is not None and reference_read is None:
         try:
             official, ref_sha = read_reference(Path(reference))
         except InputError:
@@ -165,9 +159,10 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
             reference = None
     sizes = obs_sizes if obs_sizes is not None else obs_sizes_from_reference(ckpt, official)
     hints_from = None
-    if official is None and step_onnx(ckpt) is not None:  # checkpoint.pt: what no tensor says, from its step's ONNX
+    step = step_onnx(ckpt) if official is None else None
+    if step is not None:  # checkpoint.pt: what no tensor says, from its step's ONNX
         try:
-            hints_from = read_reference(step_onnx(ckpt))[0]
+            hints_from = read_reference(step)[0]
         except InputError:
             hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
@@ -175,6 +170,16 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
                                   reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official),
                                   hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None, ref_sha)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file (a path compared as written, else resolved)."""
+    if a == b:
+        return True
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def _refuse_overwriting_sources(arts: ArtifactSet, src: Path, reference: Optional[Path]) -> None:
@@ -212,9 +217,15 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     if o.verify:
         check_devices(getattr(profile or o.verify_options, "devices", None))
     src = Path(source)
-    ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (importers.from_onnx)
-    prep = prepare_conversion(ckpt, Path(o.reference) if o.reference else default_reference(src), o.obs_sizes,
-                              o.divisor)
+    ref_path = Path(o.reference) if o.reference else default_reference(src)
+    read = None
+    if checkpoint is None and is_onnx_source(src) and ref_path is not None and _same_file(ref_path, src):
+        model, data = read_onnx(src, "ONNX model")  # an ONNX source that is its own reference: read once
+        ckpt = checkpoint_from_onnx(src, model, data)
+        read = (model, ckpt.sha256)
+    else:
+        ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (importers.from_onnx)
+    prep = prepare_conversion(ckpt, ref_path, o.obs_sizes, o.divisor, reference_read=read)
     conv, official, reference = prep.conversion, prep.official, prep.reference
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -234,6 +245,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     with locked(out, arts.stem), arts.transaction() as tx:
         clean_stale_temporaries(out, arts.names())
         res.artifacts.update(tx.write_all(blobs, fsync=fsync))
+        res.atc_plan = atc_plan(onnx.load_model_from_string(blobs[ONNX]), res.artifacts[ONNX]["path"], conv.policy.spec)
         wrote, blobs = blobs, None  # kept until check 6 has compared the files read back with them
         if o.verify:
             rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
@@ -250,13 +262,12 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
                                     + ("; use --reference to name one" if suggest_reference else ""))
             rep.notes.extend(notes)
             # what verify OUT/ checks later: every file written (the golden file too), the sources read
-            recorded = {k: {"file": a["file"], "sha256": a["sha256"]} for k, a in res.artifacts.items()}
-            recorded[GOLDEN] = {"file": arts.name(GOLDEN), "sha256": sha256_bytes(rep.golden)}
-            rep.recorded = {"artifacts": recorded, "sources": {
+            res.artifacts.update(tx.write_all({GOLDEN: rep.golden}, fsync=fsync))
+            rep.recorded = {"artifacts": res.outputs(), "sources": {
                 "checkpoint": source_record(src, ckpt.sha256, out) if ckpt.sha256 else None,
                 "official": source_record(reference, prep.reference_sha256, out)
                 if reference is not None and prep.reference_sha256 else None}}
-            res.artifacts.update(tx.write_all({GOLDEN: rep.golden, REPORT: report_bytes(rep)}, fsync=fsync))
+            res.artifacts.update(tx.write_all({REPORT: report_bytes(rep)}, fsync=fsync))
             res.report = rep
     res.seconds = time.perf_counter() - t0
     return res
@@ -334,7 +345,7 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
     equal = [c for c in compared if c in mapped.tensors
              and mapped.tensors[c].tobytes() == np.asarray(policy.tensors[c], np.float32).tobytes()
              and mapped.tensors[c].shape == policy.tensors[c].shape]
-    same_bytes = hashlib.sha256(data).hexdigest() == back.sha256
+    same_bytes = sha256_bytes(data) == back.sha256
     read_back = {"ok": mapped.spec == policy.spec and len(equal) == len(compared) and back.global_step == global_step
                  and same_bytes, "spec_equal": mapped.spec == policy.spec, "tensors": len(compared),
                  "bitwise_equal": len(equal), "training_step": back.global_step, "bytes_as_written": same_bytes}

@@ -174,6 +174,27 @@ def test_6_an_element_without_a_finite_bound_still_needs_finite_values():
     assert within_both(inf_bound, inf_bound, "a", np.float32([7.0]), np.float32([1.0]))["ok"]
 
 
+def test_6_within_both_needs_finite_reference_values_and_warns_of_nothing():
+    """``within_both`` takes ``judge``'s rule: a NaN or infinite reference value fails the element whatever
+    its bound (with two finite runtime values), a NaN bound is unbounded (counted), and nothing warns."""
+    from huggy_convert.verify.bounds import Reference, within_both
+
+    ok = Reference({"a": np.array([1.0, 2.0])}, {"a": np.array([1e-3, 1e-3])}, {})
+    assert within_both(ok, ok, "a", np.float32([1.0, 2.0]), np.float32([1.0, 2.0]))["ok"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for bad in ([np.nan, 2.0], [1.0, np.inf], [-np.inf, np.nan]):
+            ref = Reference({"a": np.array(bad)}, {"a": np.array([np.inf, np.inf])}, {})
+            for a, b in ((ref, ok), (ok, ref), (ref, ref)):
+                j = within_both(a, b, "a", np.float32([1.0, 2.0]), np.float32([1.0, 2.0]))
+                assert not j["ok"] and j["over"] >= 1 and "first_failure" in j, (bad, j)
+        nan_bound = Reference({"a": np.array([1.0])}, {"a": np.array([np.nan])}, {})
+        one = Reference({"a": np.array([1.0])}, {"a": np.array([1e-3])}, {})
+        j = within_both(nan_bound, one, "a", np.float32([5.0]), np.float32([1.0]))
+        assert j["unbounded"] == 1, j
+        assert not within_both(nan_bound, one, "a", np.float32([np.inf]), np.float32([1.0]))["ok"]
+
+
 # --- 6. a golden file that holds nothing check 3 reads ---------------------------------------------
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
@@ -199,6 +220,7 @@ def _rewrite(change):
 
 
 OBS = "in." + C.OBS_INPUT.format(i=0)
+NOISED = "noised." + C.OUT_CONT
 GOLDEN = {
     "no_arrays": (_rewrite(lambda d: {}), "no arrays"),
     "no_inputs": (_rewrite(lambda d: {k: v for k, v in d.items() if not k.startswith("in.")}), "no input"),
@@ -206,6 +228,16 @@ GOLDEN = {
                                 "no output"),
     "zero_rows": (_rewrite(lambda d: dict(d, **{OBS: d[OBS][:0]})), "rows"),
     "wrong_width": (_rewrite(lambda d: dict(d, **{OBS: d[OBS][:, :5]})), "shape"),
+    # the host record is JSON, but not an object; the noise and the outputs it gave (continuous actions) go
+    # together, each of the golden inputs' rows by the continuous actions
+    "host_number": (_rewrite(lambda d: dict(d, host=np.array("5"))), "'host' record is a JSON int"),
+    "host_list": (_rewrite(lambda d: dict(d, host=np.array("[1]"))), "'host' record is a JSON list"),
+    "noise_wrong_width": (_rewrite(lambda d: dict(d, noise=d["noise"][:, :1])), "golden 'noise' is float32 of shape"),
+    "noise_wrong_rows": (_rewrite(lambda d: dict(d, noise=d["noise"][:3])), "golden 'noise' is float32 of shape"),
+    "noise_not_float": (_rewrite(lambda d: dict(d, noise=d["noise"].astype(str))), "golden 'noise' is <U"),
+    "noised_wrong_shape": (_rewrite(lambda d: dict(d, **{NOISED: d[NOISED][:, :1]})), f"golden '{NOISED}' is"),
+    "noised_without_noise": (_rewrite(lambda d: {k: v for k, v in d.items() if k != "noise"}), "no 'noise' array"),
+    "noise_without_noised": (_rewrite(lambda d: {k: v for k, v in d.items() if k != NOISED}), f"no '{NOISED}' array"),
 }
 
 

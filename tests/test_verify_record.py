@@ -293,3 +293,49 @@ def test_verify_out_over_several_sets(two_runs, tmp_path):
     next(out.rglob("Small-4157.pt2")).unlink()
     r = invoke("verify", out, *FAST)
     assert r.exit_code == 1 and "Small-4157.pt2: missing" in r.stderr, r.output
+
+
+# --- a malformed record of a source is no record of it (only a real null says the conversion had none) ---
+MALFORMED_SOURCE = {
+    "not_a_dict": lambda s: "x",
+    "a_list": lambda s: [s],
+    "no_sha256": lambda s: {k: v for k, v in s.items() if k != "sha256"},
+    "sha256_not_a_str": lambda s: dict(s, sha256=5),
+    "path_not_a_str": lambda s: dict(s, path=5, relative=None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_SOURCE))
+@pytest.mark.parametrize("role,cid", [("checkpoint", "safetensors"), ("official", "official")])
+def test_a_malformed_source_record_leaves_its_check_not_run(kind, role, cid, tree):
+    src, out = tree
+    p = out / f"{STEM}.verify.json"
+    rep = json.loads(p.read_text())
+    rep["recorded"]["sources"][role] = MALFORMED_SOURCE[kind](rep["recorded"]["sources"][role])
+    p.write_text(json.dumps(rep))
+    r = invoke("verify", out, *FAST, "--json")
+    assert r.exit_code == EXIT_INCOMPLETE, r.output
+    got = _report(r)
+    assert [(n["id"], n["reason"]) for n in got["not_run"]] == [(cid, "no record of its sources")], got["not_run"]
+    assert f"record of its {role} is malformed" in got["not_run"][0]["detail"], got["not_run"]
+    assert got["complete"] is False and got["ok"] is True
+
+
+def test_malformed_sources_and_a_real_null(tree):
+    """``sources`` that is not an object: checks 1-2 not run; a real null (the conversion had no official
+    ONNX): check 2 skipped as it was then, the verification complete."""
+    src, out = tree
+    p = out / f"{STEM}.verify.json"
+    rep = json.loads(p.read_text())
+    sources = rep["recorded"]["sources"]
+    rep["recorded"]["sources"] = [sources]
+    p.write_text(json.dumps(rep))
+    r = invoke("verify", out, *FAST, "--json")
+    assert r.exit_code == EXIT_INCOMPLETE, r.output
+    assert [n["id"] for n in _report(r)["not_run"]] == ["safetensors", "official"]
+    rep["recorded"]["sources"] = dict(sources, official=None)
+    p.write_text(json.dumps(rep))
+    r = invoke("verify", out, *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    got = _report(r)
+    assert got["complete"] is True and got["not_run"] == [] and got["checks"][1]["status"] == "skip"

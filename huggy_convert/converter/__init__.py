@@ -8,7 +8,7 @@ from ..core.policy import Policy
 from .checkpoint import Checkpoint, load_checkpoint
 from .mapping import MappedPolicy, map_policy  # noqa: F401
 from .policy_file import build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
-from .reference import divisor_record, input_hints, official_divisors, reconcile_divisors  # noqa: F401
+from .reference import input_hints, official_divisors, reconcile_divisors  # noqa: F401
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import contract as C
 from ..core.files import MAX_INPUT_BYTES, clip, quote, read_input_file, stored_zip
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, describe
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _describe_load_failure(exc: BaseException, pickle_bytes: Optional[bytes]) ->
         return "not a readable torch checkpoint (file ends too early: truncated?)"
     if isinstance(exc, MemoryError):
         return "not a readable torch checkpoint (too large to load)"
-    return f"not a readable torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+    return f"not a readable torch checkpoint ({describe(exc, 160)})"
 
 
 # --- the fast reader: the same allow-list as weights_only=True, reading only what is used ----------

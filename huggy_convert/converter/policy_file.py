@@ -27,7 +27,7 @@ from ..core.files import atomic_write_bytes, clip, read_input_file
 from ..core.policy import Policy
 from ..core.spec import PolicySpec
 from ..core.version import __version__
-from ..errors import HuggyError, PolicyFileError, SpecError, utf8_name
+from ..errors import HuggyError, PolicyFileError, SpecError, describe, utf8_name
 from .mapping import map_policy_as
 from .reference import reconcile_divisors
 
@@ -164,7 +164,7 @@ def loads(data: bytes, path=None) -> Policy:
         md = _header(data)
         tensors = stnp.load(data)
     except Exception as exc:
-        raise PolicyFileError(f"not a readable safetensors file ({' '.join(str(exc).split())[:160]})", p) from None
+        raise PolicyFileError(f"not a readable safetensors file ({describe(exc, 160)})", p) from None
     if md.get("format") != C.FORMAT_NAME:
         raise PolicyFileError(f"not a huggy-convert policy (metadata format is {md.get('format')!r})", p)
     if md.get("format_version") not in C.FORMAT_VERSIONS_READ:

@@ -238,15 +238,17 @@ def describe(decision: Dict[str, object]) -> str:
 ONNX_MIN_OPSET = 7  # the oldest opset a Unity runtime imports (Sentis 7-15, Barracuda 9)
 
 
-def read_onnx(path, what: str = "ONNX model"):
+def read_onnx(path, what: str = "ONNX model", data: Optional[bytes] = None):
     """An ONNX model file read and validated: a regular file within the size bound
     (``core.files.read_input_file``), a protobuf ``onnx`` parses, ``onnx.checker.check_model``
     with ``full_check=True`` (a cycle, a missing initializer, an IR version or opset it does not
     know, a type error: all refused), a default-domain opset Unity imports, and an ML-Agents policy's
-    ``obs_0`` float input of a width in 1..``spec.MAX_WIDTH``. Returns (model, the file's bytes)."""
+    ``obs_0`` float input of a width in 1..``core.spec.MAX_WIDTH``. ``data``: the file's bytes, already
+    read (``read_input_file``): checked the same. Returns (model, the file's bytes)."""
     import onnx
 
-    data = read_input_file(path, what)
+    if data is None:
+        data = read_input_file(path, what)
     if not data:
         raise InputError(f"empty file, not an {what}", path)
     try:

@@ -43,7 +43,7 @@ are bitwise what they were.
 - What is rounded before any operation: the inputs (the float32 normalizer's output, a raw vector
   observation, an image, ``recurrent_in``: ``stored``, ``u |x|``) and the weights and biases
   themselves: ``|dw| <= u |w|`` moves an inner product by at most ``u A`` (worst case, linear).
-- Inner products accumulate in float32 (``acc = 2^-24``): torch's CPU half and bfloat16 GEMM,
+- Inner products accumulate in float32 (``U32`` = 2^-24): torch's CPU half and bfloat16 GEMM,
   GEMV and convolution kernels (oneDNN, or torch's own with a float32 ``opmath`` accumulator), cuBLAS
   with its default float32 compute type and Ascend's cube units all do; their term is float32's
   ``LAMBDA 2^-24 sqrt(n) A``. The result is stored in the format once, and once more where the bias
@@ -96,8 +96,8 @@ TIE = 32 * U32  # relative closeness of two logits under which softmax + argmax 
 class Precision:
     """The format a runtime computes in, as the bounds see it (see "Half formats" above).
 
-    ``u``: the unit roundoff of every operation's stored result; ``acc``: that of the inner products'
-    accumulation (float32's in every format: the kernels accumulate in float32); ``stored``: the
+    ``u``: the unit roundoff of every operation's stored result (the inner products accumulate in
+    float32 in every format: ``U32``, see :func:`accumulation`); ``stored``: the
     weights, biases and inputs are rounded to the format first (False for float32: the policy's
     float32 tensors as they are); ``sub``: the absolute error of a rounding below the normal range
     (half the spacing of the subnormals; 0 for float32, whose subnormals start at 1.2e-38 and never
@@ -107,7 +107,6 @@ class Precision:
 
     name: str
     u: float
-    acc: float = U32
     stored: bool = False
     sub: float = 0.0
     tiny: float = 2.0 ** -126
@@ -116,23 +115,23 @@ class Precision:
     def e_sigmoid(self) -> float:
         """Absolute: the float32 kernel's, and in a half format the sigmoid's own rounding to it (``u``:
         sigmoid < 1; Swish as Sigmoid + Mul stores it before the product)."""
-        return E_SIGMOID + self.u if self.stored else 8 * self.u
+        return E_SIGMOID + (self.u if self.stored else 0.0)
 
     @property
     def e_tanh(self) -> float:
         """Absolute: the float32 kernel's (the result's rounding is ``tanh``'s ``rnd(v)`` term)."""
-        return E_TANH if self.stored else 16 * self.u
+        return E_TANH
 
     @property
     def e_exp(self) -> float:
         """Relative: the float32 kernel's, and in a half format the result's rounding to it (``u``)."""
-        return E_EXP + self.u if self.stored else 4 * self.u
+        return E_EXP + (self.u if self.stored else 0.0)
 
     @property
     def tie(self) -> float:
         """Relative: float32's softmax tie, and in a half format two probabilities within ``2 u`` of
         each other that round to one value."""
-        return TIE + 2 * self.u if self.stored else 32 * self.u
+        return TIE + (2 * self.u if self.stored else 0.0)
 
     def rnd(self, v):
         """One rounding of ``v`` to the format: ``u |v|`` (``+ sub`` below the normal range)."""
@@ -219,7 +218,7 @@ def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = Fals
         inherited = _mm(x.err, lin.aWT).astype(np.float64) * SLACK
     else:
         inherited = np.sqrt(_mm(x.err ** 2, lin.W2T).astype(np.float64) * SLACK)
-    err = inherited + LAMBDA * p.acc * np.sqrt(lin.n) * A
+    err = inherited + LAMBDA * U32 * np.sqrt(lin.n) * A
     if p.stored:
         err = err + p.u * A + p.sub * ((np.abs(x.v) + x.err).sum(axis=-1, keepdims=True) + 1)
         # the result stored in the format, and the product before its bias where the bias is a separate Add
@@ -227,12 +226,13 @@ def affine(x: Bounded, lin: Linear, bounds: bool = True, correlated: bool = Fals
     return Bounded(z, err)
 
 
-def accumulation(n: int, u: float = U32) -> float:
+def accumulation(n: int) -> float:
     """The relative bound on the rounding error of a sum of ``n`` terms (or an inner product of length
-    ``n``) in any order, each operation's unit roundoff ``u``, against the sum of the terms'
-    magnitudes: the deterministic ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of
-    Numerical Algorithms", 3.1) or the probabilistic ``LAMBDA u sqrt(n)`` of the model above,
-    whichever is smaller (short sums: the deterministic one)."""
+    ``n``) in any order, accumulated in float32 in every format (each operation's unit roundoff
+    ``u = U32``), against the sum of the terms' magnitudes: the deterministic
+    ``gamma_n = n u / (1 - n u)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1) or
+    the probabilistic ``LAMBDA u sqrt(n)`` of the model above, whichever is smaller (short sums: the deterministic one)."""
+    u = U32
     return min(n * u / (1 - n * u), LAMBDA * u * np.sqrt(n)) if n * u < 1 else LAMBDA * u * np.sqrt(n)
 
 
@@ -261,7 +261,7 @@ def exp(x: Bounded, p: Precision = FLOAT32) -> Bounded:
     v = np.exp(x.v)
     hi = np.exp(x.v + x.err)  # increasing: |exp(x + e) - exp(x)| <= exp(x + |e|) - exp(x)
     # hi == v: exact, or both inf (not inf - inf)
-    return Bounded(v, np.where(hi == v, 0.0, hi - v) + p.e_exp * hi + (p.sub if p.sub else 0.0))
+    return Bounded(v, np.where(hi == v, 0.0, hi - v) + p.e_exp * hi + p.sub)
 
 
 def mul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
@@ -297,7 +297,7 @@ def matmul(a: Bounded, b: Bounded, p: Precision = FLOAT32) -> Bounded:
     # sum_k (|a| e_b + e_a (|b| + e_b))^2, expanded into three products
     bb = np.abs(b.v) + b.err
     sq = (a.v ** 2) @ (b.err ** 2) + 2 * (np.abs(a.v) * a.err) @ (b.err * bb) + (a.err ** 2) @ (bb ** 2)
-    err = np.sqrt(sq) + accumulation(k, p.acc) * A * (1 + p.acc)
+    err = np.sqrt(sq) + accumulation(k) * A * (1 + U32)
     if p.stored:
         err = err + p.u * (np.abs(v) + err) + p.sub  # the result stored in the format
     return Bounded(v, err)
@@ -340,7 +340,7 @@ def layer_norm(x: Bounded, eps: float, p: Precision = FLOAT32) -> Bounded:
     y = c / s
     e = x.err
     me = np.minimum(e.mean(axis=-1, keepdims=True), LAMBDA * np.sqrt((e * e).sum(axis=-1, keepdims=True)) / d)
-    e_mu = accumulation(d, p.acc) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + p.u * np.abs(mu)
+    e_mu = accumulation(d) * (np.abs(v) + e).mean(axis=-1, keepdims=True) + p.u * np.abs(mu)
     t = e + me + e_mu
     t = t + p.u * (np.abs(c) + t)
     rms_t = np.sqrt((t * t).mean(axis=-1, keepdims=True))
@@ -348,7 +348,7 @@ def layer_norm(x: Bounded, eps: float, p: Precision = FLOAT32) -> Bounded:
                    LAMBDA * np.sqrt((c * c * t * t).sum(axis=-1, keepdims=True)) / d)
     cs = np.abs(c) + t  # an upper bound of |c + t|, for the divisor's own rounding
     var_t = (cs * cs).mean(axis=-1, keepdims=True)
-    r_v = (2 * p.u + accumulation(d, p.acc)) * (1 + p.u) * var_t / (var_t + eps) + p.u
+    r_v = (2 * p.u + accumulation(d)) * (1 + p.u) * var_t / (var_t + eps) + p.u
     eta = r_v / (2 - r_v) + 2 * p.u * (1 + r_v)
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = np.where(2 * s > rms_t, (2 * M + rms_t ** 2) / (2 * s - rms_t), np.inf)
@@ -379,7 +379,7 @@ def softmax(z: Bounded, axis: int = -1, prec: Precision = FLOAT32) -> Bounded:
     dist = np.abs(v - m) + z.err + E
     with np.errstate(over="ignore"):
         alpha = np.where(ex * np.exp(-z.err - E) > tiny, np.expm1(prec.u * dist) * (1 + prec.e_exp) + prec.e_exp, 0.0)
-    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n, prec.acc) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
+    a_sum = alpha.max(axis=axis, keepdims=True) + accumulation(n) * (1 + alpha.max(axis=axis, keepdims=True)) + n * tiny
     own = (1 + alpha) * (1 + 2 * prec.u) / (1 - a_sum) - 1
     err = p * grow + p * (1 + grow) * own
     return Bounded(p, np.where(alpha > 0, err, p * grow + tiny))
@@ -399,7 +399,7 @@ def masked_mean(y: Bounded, keep: np.ndarray, eps: float, p: Precision = FLOAT32
     n = y.v.shape[1]
     kept = keep[:, :, None]  # (an infinite bound of a padded entity stays out: inf * 0 would be NaN)
     e_num = (np.where(kept, y.err, 0.0).sum(axis=1)
-             + accumulation(n, p.acc) * np.where(kept, np.abs(y.v) + y.err, 0.0).sum(axis=1))
+             + accumulation(n) * np.where(kept, np.abs(y.v) + y.err, 0.0).sum(axis=1))
     den = keep.astype(np.float64).sum(axis=1, keepdims=True) + eps
     if p.stored:  # the numerator stored in the format before the division
         e_num = e_num + p.u * (np.abs(num) + e_num) + p.sub
@@ -444,7 +444,7 @@ def leaky_relu(x: Bounded, slope: float, p: Precision = FLOAT32) -> Bounded:
     """``x`` or ``slope x`` (slope < 1: 1-Lipschitz); the product rounds once (``u |v|``, and as much
     again for a kernel whose slope is 0.01 rounded otherwise than the ONNX attribute's float32)."""
     v = np.where(x.v >= 0, x.v, slope * x.v)
-    return Bounded(v, x.err + 2 * p.u * np.abs(np.minimum(v, 0)) + (2 * p.sub if p.sub else 0.0))
+    return Bounded(v, x.err + 2 * p.u * np.abs(np.minimum(v, 0)) + 2 * p.sub)
 
 
 def relu(x: Bounded) -> Bounded:

@@ -141,12 +141,14 @@ def stored_zip(data: bytes, p: Path, what: str = "torch checkpoint", error=Check
     return zf
 
 
-def load_npz(path, what: str, error=InputError) -> Dict[str, "object"]:
+def load_npz(path, what: str, error=InputError, data: Optional[bytes] = None) -> Dict[str, "object"]:
     """The arrays of an ``.npz`` (a golden file, observations): a regular file within the size bound,
     stored records that fit it, loaded with ``allow_pickle=False`` (an object array is refused), only
-    numbers and strings. Any failure is ``error`` naming the file."""
+    numbers and strings. Any failure is ``error`` naming the file. ``data``: the file's bytes, already
+    read (``read_input_file``)."""
     p = Path(path)
-    data = read_input_file(p, what)
+    if data is None:
+        data = read_input_file(p, what)
     zf = stored_zip(data, p, what, error)
     zf.close()
     try:

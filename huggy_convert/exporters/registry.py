@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from ..converter import policy_bytes
+from ..converter.policy_file import dumps
 from ..core.artifacts import ONNX, PT2, SAFETENSORS
 from .onnx_export import build_onnx, model_bytes
 from .pt2 import program_bytes
 
 
 def _safetensors(policy, opset, writer) -> bytes:
-    return policy_bytes(policy.tensors, policy.metadata)
+    return dumps(policy)
 
 
 def _onnx(policy, opset, writer) -> bytes:

@@ -73,19 +73,21 @@ class ModuleRunner(RunnerBase):
 
 class ProgramRunner(RunnerBase):
     """A saved ``.pt2`` (the deterministic forward), loaded with ``torch.export.load`` and run on the CPU.
-    ``buffers``: the dtype of each normalizer buffer or constant the program holds."""
+    ``buffers``: the dtype of each normalizer buffer or constant the program holds; ``dtype``: the
+    program's (float16 where a normalizer buffer is). ``data``: the file's bytes, already read."""
 
     runtime = "torch.export"
 
-    def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str]):
+    def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], data: Optional[bytes] = None):
         import torch
 
         t0 = time.perf_counter()
         self.path = path
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise InputError(f"cannot read the program ({exc.strerror or type(exc).__name__})", path) from None
+        if data is None:
+            try:
+                data = Path(path).read_bytes()
+            except OSError as exc:
+                raise InputError(f"cannot read the program ({exc.strerror or type(exc).__name__})", path) from None
         unsafe = unsafe_reason(data)  # torch.export.load unpickles with weights_only=False: check first
         if unsafe:
             raise InputError(f"not loaded: {unsafe}; torch.export.load would unpickle it, which can run code", path)

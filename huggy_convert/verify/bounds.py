@@ -129,40 +129,58 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
         if flips:
             d["flips"] = flips
         return d
-    bound = ref.bounds[name]
-    if np.isnan(bound).any():  # a bound no arithmetic gave (it would pass anything silently): unbounded
-        bound = np.where(np.isnan(bound), np.inf, bound)
     g64 = got.astype(np.float64)
-    # an element passes only where the runtime and the reference are both finite and within the bound: an
-    # element without a finite bound (counted below) still needs finite values, so inf/NaN never pass
-    finite = np.isfinite(g64) & np.isfinite(want)
-    err = np.where(finite, np.abs(g64 - want), np.inf)
-    over = ~finite | ~(err <= bound)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    bound, d2 = _over_bound(g64, want, ref.bounds[name], np.isfinite(g64) & np.isfinite(want))
+    d.update(ok=d2["ok"], max_abs=d2["max_abs"], max_bound=float(bound.max()) if bound.size else 0.0,
+             median_bound=float(np.median(bound)) if bound.size else 0.0, ratio=d2["ratio"], over=d2["over"])
+    if "unbounded" in d2:
+        d["unbounded"] = d2["unbounded"]
+    if "first" in d2:
+        k, err = d2["first"]
+        d["first_failure"] = {"index": list(k), "reference": float(want[k]), "got": float(g64[k]),
+                              "error": err, "bound": float(bound[k])}
+    return d
+
+
+def _over_bound(x: np.ndarray, y: np.ndarray, bound: np.ndarray, finite: np.ndarray):
+    """The one rule of :func:`judge` and :func:`within_both`: an element passes only where every value
+    it compares (the runtime's and the reference's: ``finite``) is finite and ``|x - y|`` is within its
+    bound. A NaN bound, which no arithmetic gave (it would pass anything silently), is no bound: inf,
+    counted as unbounded; an element without a finite bound still needs finite values, so inf/NaN never
+    pass. Returns (the bound, NaN as inf; {ok, max_abs, ratio, over, unbounded (where any), first: (the
+    first element over, its error) where any})."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        bound = np.asarray(bound, np.float64)
+        if np.isnan(bound).any():
+            bound = np.where(np.isnan(bound), np.inf, bound)
+        err = np.where(finite, np.abs(x - y), np.inf)
+        over = ~finite | ~(err <= bound)
         ratio = np.where(bound > 0, err / bound, np.where(err > 0, np.inf, 0.0))
-    d.update(ok=not bool(over.any()), max_abs=float(err.max()) if err.size else 0.0,
-             max_bound=float(bound.max()) if bound.size else 0.0,
-             median_bound=float(np.median(bound)) if bound.size else 0.0,
-             ratio=float(ratio.max()) if ratio.size else 0.0, over=int(over.sum()))
+    d: Dict[str, object] = {"ok": not bool(over.any()), "max_abs": float(err.max()) if err.size else 0.0,
+                            "ratio": float(ratio.max()) if ratio.size else 0.0, "over": int(over.sum())}
     if np.isinf(bound).any():
         d["unbounded"] = int(np.isinf(bound).sum())
     if over.any():
         k = tuple(int(i) for i in np.argwhere(over)[0])
-        d["first_failure"] = {"index": list(k), "reference": float(want[k]), "got": float(g64[k]),
-                              "error": float(err[k]), "bound": float(bound[k])}
-    return d
+        d["first"] = (k, float(err[k]))
+    return bound, d
 
 
 def within_both(ref_a: Reference, ref_b: Reference, name: str, a: np.ndarray, b: np.ndarray) -> Dict[str, object]:
     """Two float32 results of (possibly) different references, e.g. the rebuilt and the official ONNX
-    with divisors 1 ulp apart: ``|a - b| <= bound_a + |ref_a - ref_b| + bound_b``."""
+    with divisors 1 ulp apart: ``|a - b| <= bound_a + |ref_a - ref_b| + bound_b`` (:func:`judge`'s rule:
+    the four values finite, a NaN bound unbounded)."""
     wa, wb = ref_a.values[name], ref_b.values[name]
-    limit = ref_a.bounds[name] + ref_b.bounds[name] + np.abs(wa - wb)
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    finite = np.isfinite(a64) & np.isfinite(b64)  # inf/NaN never pass, whatever the limit
-    err = np.where(finite, np.abs(a64 - b64), np.inf)
-    over = ~finite | ~(err <= limit)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(limit > 0, err / limit, np.where(err > 0, np.inf, 0.0))
-    return {"ok": not bool(over.any()), "count": int(err.size), "max_abs": float(err.max()) if err.size else 0.0,
-            "ratio": float(ratio.max()) if ratio.size else 0.0, "over": int(over.sum())}
+    finite = np.isfinite(a64) & np.isfinite(b64) & np.isfinite(wa) & np.isfinite(wb)
+    with np.errstate(over="ignore", invalid="ignore"):
+        limit = ref_a.bounds[name] + ref_b.bounds[name] + np.abs(wa - wb)
+    limit, d = _over_bound(a64, b64, limit, finite)
+    out = {"ok": d["ok"], "count": int(a64.size), "max_abs": d["max_abs"], "ratio": d["ratio"], "over": d["over"]}
+    if "unbounded" in d:
+        out["unbounded"] = d["unbounded"]
+    if "first" in d:
+        k, err = d["first"]
+        out["first_failure"] = {"index": list(k), "a": float(a64[k]), "b": float(b64[k]), "error": err,
+                                "bound": float(limit[k])}
+    return out

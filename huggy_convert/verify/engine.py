@@ -31,8 +31,8 @@ from ..exporters.pt2 import EXPORT_GATE, program_bytes
 from ..exporters.torch_module import build_module
 from ..host import describe as describe_host
 from ..host import host_info, same_arithmetic
-from ..runtime import (INTRA_OP_THREADS, VERIFY_THREADS, OrtRunner, cann_available, module_runner, ort_run,
-                       ort_session, program_runner, torch_threads)
+from ..runtime import (INTRA_OP_THREADS, VERIFY_THREADS, OrtRunner, ProgramRunner, cann_available, module_runner,
+                       ort_run, ort_session, torch_threads)
 from ..runtime.feeds import make_noise, make_probes
 from . import checks as K
 from .bounds import Float64Policy, Reference as Ref64, within_both
@@ -122,16 +122,22 @@ def environment(devices: Sequence[str]) -> Dict[str, object]:
     }
 
 
-def load_golden(path, spec=None) -> Dict[str, Dict[str, np.ndarray]]:
-    """A golden file's arrays (``core.files.load_npz``: no pickle, bounded; ``InputError``),
-    holding what check 3 reads from it for ``spec``'s policy: each input in its shape, one row count,
-    the deterministic outputs (an empty ``.npz`` is an ``InputError`` too, which the verification makes
-    its check 3's failure)."""
-    d = load_npz(path, "golden file")
+def load_golden(path, spec=None, data: Optional[bytes] = None) -> Dict[str, Dict[str, np.ndarray]]:
+    """A golden file's arrays (``core.files.load_npz``: no pickle, bounded; ``InputError``; ``data``: its
+    bytes, already read), holding what check 3 reads from it for ``spec``'s policy: each input in its
+    shape, one row count, the deterministic outputs, and for continuous actions the injected noise and
+    the outputs it gave, both or neither, each of shape (rows, continuous actions). An empty ``.npz``,
+    a host record that is not a JSON object, or any of the above missing or misshapen is an
+    ``InputError`` too, which the verification makes its check 3's failure."""
+    d = load_npz(path, "golden file", data=data)
     try:
         host = json.loads(str(d.pop(GOLDEN_HOST))) if GOLDEN_HOST in d else None
     except ValueError:
         host = None
+    except RecursionError:
+        raise InputError(f"golden file's {GOLDEN_HOST!r} record nests too deep", path) from None
+    if host is not None and not isinstance(host, dict):
+        raise InputError(f"golden file's {GOLDEN_HOST!r} record is a JSON {type(host).__name__}, not an object", path)
     g = {
         "host": host,
         "inputs": {k[len(GOLDEN_IN):]: v for k, v in d.items() if k.startswith(GOLDEN_IN)},
@@ -155,6 +161,16 @@ def load_golden(path, spec=None) -> Dict[str, Dict[str, np.ndarray]]:
         missing = [n for n in spec.deterministic_output_names() if n not in g["outputs"]]
         if missing:
             raise InputError(f"golden file holds no output {missing[0]!r}", path)
+        if spec.continuous_size:
+            want = [next(iter(rows)), spec.continuous_size]
+            for name, arr in ((GOLDEN_NOISE, g["noise"]), (GOLDEN_NOISED, g["noised"])):
+                if not arr:
+                    raise InputError(f"golden file holds no {name!r} array (continuous actions: the injected "
+                                     f"noise and its outputs, {GOLDEN_NOISE!r} and {GOLDEN_NOISED!r}, go together)",
+                                     path)
+                if list(arr["probes"].shape) != want or arr["probes"].dtype.kind != "f":
+                    raise InputError(f"golden {name!r} is {arr['probes'].dtype} of shape {list(arr['probes'].shape)},"
+                                     f" not float of {want}", path)
     return g
 
 
@@ -263,7 +279,7 @@ class Context:
         ``continuous_actions`` only, every other output and bound is the forward's without it
         (``_without_noise``)."""
         prep = self.prepared(role)
-        key = (prep, feed_name, with_noise) if dtype == "float32" else (prep, feed_name, with_noise, dtype)
+        key = (prep, feed_name, with_noise, dtype)
         if key not in self._refs:
             p = PRECISIONS[dtype]
             noise = self.noises.get(feed_name)
@@ -271,8 +287,8 @@ class Context:
                 self._refs[key] = prep.forward(self.feeds[feed_name], precision=p)
             else:
                 full = prep.forward(self.feeds[feed_name], noise, precision=p)
-                self._refs[key[:2] + (True,) + key[3:]] = full
-                self._refs[key[:2] + (False,) + key[3:]] = _without_noise(full)
+                self._refs[(prep, feed_name, True, dtype)] = full
+                self._refs[(prep, feed_name, False, dtype)] = _without_noise(full)
         return self._refs[key]
 
     def values32(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -409,6 +425,14 @@ def source_record(path, sha256: str, folder) -> Dict[str, Optional[str]]:
     return {"path": str(p), "relative": rel, "sha256": sha256}
 
 
+def _source_entry(src) -> bool:
+    """A well-formed record of a source (``source_record``): its sha256, and where it was (a path, a
+    relative path or both, each a string or null)."""
+    where = [src.get(k) for k in ("path", "relative")] if isinstance(src, dict) else []
+    return (isinstance(src, dict) and isinstance(src.get("sha256"), str)
+            and all(w is None or isinstance(w, str) for w in where) and any(isinstance(w, str) for w in where))
+
+
 def read_record(artifacts: ArtifactSet) -> Record:
     """The record in the report beside the files (``<stem>.verify.json``), if any."""
     name = artifacts.name(REPORT)
@@ -422,18 +446,31 @@ def read_record(artifacts: ArtifactSet) -> Record:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         return Record(missing=f"{name} does not read", damaged=f"{name} does not read ({why})")
     raw = rep.get("recorded")
-    arts, sources = {}, {}
+    arts, sources, malformed = {}, {}, []
     if isinstance(raw, dict):
-        for kind, a in (raw.get("artifacts") or {}).items():
+        recorded_arts = raw.get("artifacts") or {}
+        for kind, a in (recorded_arts.items() if isinstance(recorded_arts, dict) else ()):
             if isinstance(a, dict) and isinstance(a.get("sha256"), str):
                 arts[str(kind)] = a["sha256"]
-        for role, src in (raw.get("sources") or {}).items():
-            sources[str(role)] = src if isinstance(src, dict) and isinstance(src.get("sha256"), str) else None
+        recorded_sources = raw.get("sources") or {}
+        if not isinstance(recorded_sources, dict):
+            malformed.append("sources")
+            recorded_sources = {}
+        for role, src in recorded_sources.items():
+            if src is None:  # a real null: the conversion had no such source
+                sources[str(role)] = None
+            elif _source_entry(src):
+                sources[str(role)] = src
+            else:  # not a record of what it read: that check is not run (never taken for "none")
+                malformed.append(str(role))
     else:
         raw = {}
-        arts = _recorded_written(artifacts) or {}
-    return Record(arts, sources, raw, "" if sources else f"{name} records no sources (written before huggy-convert "
-                                                          "recorded them)")
+        arts = _recorded_written(rep) or {}
+    if malformed:
+        missing = f"{name}'s record of its {', '.join(malformed)} is malformed"
+    else:
+        missing = "" if sources else f"{name} records no sources (written before huggy-convert recorded them)"
+    return Record(arts, sources, raw, missing)
 
 
 def locate_source(rec: Dict[str, str], folder) -> tuple:
@@ -466,10 +503,10 @@ def locate_source(rec: Dict[str, str], folder) -> tuple:
     return None, None, "not found", f"recorded at {rec.get('path') or rec.get('relative')}, sha256 {rec['sha256'][:12]}…"
 
 
-def _recorded_written(artifacts: ArtifactSet) -> Optional[Dict[str, str]]:
-    """The sha256 of each file as its conversion wrote it, from the report beside it (if any)."""
+def _recorded_written(rep: Dict) -> Optional[Dict[str, str]]:
+    """The sha256 of each file as its conversion wrote it, from an older report (``rep``, parsed) that
+    records them in check 6's figures only."""
     try:
-        rep = json.loads(artifacts.read(REPORT))
         c = next(c for c in rep.get("checks", []) if c.get("id") == "files")
         w = (c.get("figures") or {}).get("written")
         return {str(k): str(v) for k, v in w.items()} if isinstance(w, dict) else None
@@ -530,17 +567,18 @@ def check_files(artifacts: ArtifactSet, files: Dict[str, bytes], policy: Policy,
     return c
 
 
-def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str], extra_modules: Sequence = ()):
+def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str], extra_modules: Sequence = (),
+                   program: Optional[bytes] = None):
     """Check 4: every float32 runtime (onnxruntime on the rebuilt and official files, the torch module on
-    every device and dtype, the ``.pt2`` through ``torch.export.load``) against the float64 reference
-    of the canonical tensors; returns (the check, the cpu float32 module's runner for check 5)."""
+    every device and dtype, the ``.pt2`` through ``torch.export.load``: ``program``, its bytes already
+    read) against the float64 reference of the canonical tensors; returns (the check, the cpu float32
+    module's runner for check 5)."""
     import torch
 
     policy, o, spec = ctx.policy, ctx.o, ctx.policy.spec
     feed_name = next(iter(ctx.feeds))
     feed, noise = ctx.feeds[feed_name], ctx.noises.get(feed_name)
     ref64 = ctx.reference("ours", feed_name)
-    ref_n = ctx.reference("ours", feed_name, True) if noise is not None else None
     noised_feed = dict(feed, **{C.NOISE_INPUT: noise}) if noise is not None else None
     zero_feed = {k: np.zeros_like(v) for k, v in feed.items()}
     c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
@@ -590,12 +628,12 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
                 c4.add(Check(f"torch module {dev} {dt}", FAIL, f"could not build: {exc}"))
                 continue
             nz = None
-            if ref_n is not None:
+            if noise is not None:
                 def run_noise(mod=mod, dev=dev):
                     with torch.no_grad():
                         xs = [torch.from_numpy(feed[n]).to(dev) for n in mod.input_names]
                         return mod.sample(*xs, seed=o.seed, noise=torch.from_numpy(noise))[0].float().cpu().numpy()
-                nz = (run_noise, ref_n if dt == "float32" else ctx.reference("ours", feed_name, True, dt))
+                nz = (run_noise, ctx.reference("ours", feed_name, True, dt))
             runner = module_check(f"torch module {dev} {dt}", mod, dt, nz)
             if dev == "cpu" and dt == "float32":
                 cpu32 = runner
@@ -606,10 +644,9 @@ def check_runtimes(ctx: Context, artifacts: ArtifactSet, devices: Sequence[str],
     if o.program_load and pt2_path.is_file():
         try:
             with EXPORT_GATE.exclusive():  # torch.export.load is not thread-safe
-                prun, pbuf = program_runner(pt2_path, spec.input_names(), spec.deterministic_output_names())
-            dt = "float16" if any(v == "float16" for v in pbuf.values()) else "float32"
-            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prun, ref_for(dt), feed, dt, o.atol,
-                                   o.cosine, pbuf, lambda: prun(zero_feed), o.rtol))
+                prog = ProgramRunner(pt2_path, spec.input_names(), spec.deterministic_output_names(), data=program)
+            c4.add(K.check_runtime(f"saved program {pt2_path.name} (cpu)", prog.infer, ref_for(prog.dtype), feed,
+                                   prog.dtype, o.atol, o.cosine, prog.buffers, lambda: prog.infer(zero_feed), o.rtol))
         except HuggyError as exc:  # refused before torch.export.load (see exporters.pt2.unsafe_reason)
             c4.add(Check(f"saved program {pt2_path.name}", FAIL, exc.message))
         except Exception as exc:
@@ -795,7 +832,8 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
         golden_in = damaged = None
         if ref.golden_path and Path(ref.golden_path).is_file():
             try:
-                golden_in = load_golden(ref.golden_path, policy.spec)
+                read = files.get(GOLDEN) if Path(ref.golden_path) == artifacts.path(GOLDEN) else None
+                golden_in = load_golden(ref.golden_path, policy.spec, data=read)  # the bytes check 6 vouches for
             except HuggyError as exc:  # a damaged golden file in OUT: the verdict, not bad input
                 damaged = Check("3 outputs vs the reference", FAIL, f"does not load: {exc.one_line()}", id="outputs")
         if golden_in is not None:
@@ -809,7 +847,7 @@ def _verify(rep: Report, artifacts: ArtifactSet, ref: Reference, o: VerifyOption
             rep.checks.append(damaged)
     if rep.check("outputs") is None:  # 3
         rep.checks.append(ctx.check_outputs())
-    c4, cpu32 = check_runtimes(ctx, artifacts, devices, extra_modules)  # 4
+    c4, cpu32 = check_runtimes(ctx, artifacts, devices, extra_modules, files.get(PT2))  # 4
     rep.checks.append(c4)
     rep.checks.append(check_fingerprints(ctx, devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
@@ -834,6 +872,3 @@ def write_report(rep: Report, path, fsync: bool = True) -> Dict[str, str]:
     atomic_write_bytes(path, data, fsync=fsync)
     return {"path": str(path), "file": Path(path).name, "sha256": sha256_bytes(data)}
 
-
-def read_report(path) -> Dict:
-    return json.loads(Path(path).read_text())
