@@ -176,7 +176,8 @@ def test_6_an_element_without_a_finite_bound_still_needs_finite_values():
 
 def test_6_within_both_needs_finite_reference_values_and_warns_of_nothing():
     """``within_both`` takes ``judge``'s rule: a NaN or infinite reference value fails the element whatever
-    its bound (with two finite runtime values), a NaN bound is unbounded (counted), and nothing warns."""
+    its bound (with two finite runtime values), and nothing warns; a NaN limit fails the element (the
+    comparison of two files stays as strict as it was: only ``judge`` counts a NaN bound as unbounded)."""
     from huggy_convert.verify.bounds import Reference, within_both
 
     ok = Reference({"a": np.array([1.0, 2.0])}, {"a": np.array([1e-3, 1e-3])}, {})
@@ -190,8 +191,8 @@ def test_6_within_both_needs_finite_reference_values_and_warns_of_nothing():
                 assert not j["ok"] and j["over"] >= 1 and "first_failure" in j, (bad, j)
         nan_bound = Reference({"a": np.array([1.0])}, {"a": np.array([np.nan])}, {})
         one = Reference({"a": np.array([1.0])}, {"a": np.array([1e-3])}, {})
-        j = within_both(nan_bound, one, "a", np.float32([5.0]), np.float32([1.0]))
-        assert j["unbounded"] == 1, j
+        j = within_both(nan_bound, one, "a", np.float32([1.0]), np.float32([1.0]))
+        assert not j["ok"] and j["over"] == 1, j
         assert not within_both(nan_bound, one, "a", np.float32([np.inf]), np.float32([1.0]))["ok"]
 
 

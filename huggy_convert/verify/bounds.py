@@ -142,16 +142,16 @@ def judge(ref: Reference, name: str, got: np.ndarray) -> Dict[str, object]:
     return d
 
 
-def _over_bound(x: np.ndarray, y: np.ndarray, bound: np.ndarray, finite: np.ndarray):
+def _over_bound(x: np.ndarray, y: np.ndarray, bound: np.ndarray, finite: np.ndarray, nan_unbounded: bool = True):
     """The one rule of :func:`judge` and :func:`within_both`: an element passes only where every value
     it compares (the runtime's and the reference's: ``finite``) is finite and ``|x - y|`` is within its
-    bound. A NaN bound, which no arithmetic gave (it would pass anything silently), is no bound: inf,
-    counted as unbounded; an element without a finite bound still needs finite values, so inf/NaN never
-    pass. Returns (the bound, NaN as inf; {ok, max_abs, ratio, over, unbounded (where any), first: (the
+    bound. ``nan_unbounded``: a NaN bound, which no arithmetic gave, is no bound: inf, counted as
+    unbounded (:func:`judge`); otherwise (:func:`within_both`) it bounds nothing and the element fails.
+    An element without a finite bound still needs finite values, so inf/NaN never pass. Returns (the bound, NaN as inf; {ok, max_abs, ratio, over, unbounded (where any), first: (the
     first element over, its error) where any})."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         bound = np.asarray(bound, np.float64)
-        if np.isnan(bound).any():
+        if nan_unbounded and np.isnan(bound).any():
             bound = np.where(np.isnan(bound), np.inf, bound)
         err = np.where(finite, np.abs(x - y), np.inf)
         over = ~finite | ~(err <= bound)
@@ -169,13 +169,13 @@ def _over_bound(x: np.ndarray, y: np.ndarray, bound: np.ndarray, finite: np.ndar
 def within_both(ref_a: Reference, ref_b: Reference, name: str, a: np.ndarray, b: np.ndarray) -> Dict[str, object]:
     """Two float32 results of (possibly) different references, e.g. the rebuilt and the official ONNX
     with divisors 1 ulp apart: ``|a - b| <= bound_a + |ref_a - ref_b| + bound_b`` (:func:`judge`'s rule:
-    the four values finite, a NaN bound unbounded)."""
+    the four values finite; a NaN limit fails the element)."""
     wa, wb = ref_a.values[name], ref_b.values[name]
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     finite = np.isfinite(a64) & np.isfinite(b64) & np.isfinite(wa) & np.isfinite(wb)
     with np.errstate(over="ignore", invalid="ignore"):
         limit = ref_a.bounds[name] + ref_b.bounds[name] + np.abs(wa - wb)
-    limit, d = _over_bound(a64, b64, limit, finite)
+    limit, d = _over_bound(a64, b64, limit, finite, nan_unbounded=False)
     out = {"ok": d["ok"], "count": int(a64.size), "max_abs": d["max_abs"], "ratio": d["ratio"], "over": d["over"]}
     if "unbounded" in d:
         out["unbounded"] = d["unbounded"]
