@@ -22,12 +22,14 @@ import numpy as np
 from .. import contract as C
 from ..converter import Checkpoint, load_checkpoint, load_policy
 from ..converter.reference import read_onnx
+from ..core.artifacts import SAFETENSORS, SUFFIXES
 from ..core.files import load_npz, read_input_file
 from ..core.policy import Policy
 from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError, describe
-from ..exporters.devices import available_devices
+from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
+from ..importers import is_onnx_source
 from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
 from ..pipeline import default_reference, prepare_conversion
 from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
@@ -35,7 +37,6 @@ from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probe
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
-DTYPES = ("float32", "float16", "bfloat16")
 CONSTANT_OUTPUTS = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_DISC_SHAPE)
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
@@ -51,7 +52,7 @@ def display_path(p) -> str:
 
 # --- run directories ---------------------------------------------------------------------
 def run_inventory(run_dir) -> Dict[str, object]:
-    """Checkpoint inventory of a run directory (``rundir.discover``: training_status.json, else
+    """Checkpoint inventory of a run directory (``batch.rundir.discover``: training_status.json, else
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
     found = discover(Path(run_dir))
     status, items, warnings = found.status, found.items, found.warnings
@@ -259,10 +260,10 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
         ckpt = load_checkpoint(p)
         conv = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True).conversion
         src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
-    elif suffix == ".safetensors":
+    elif suffix == SUFFIXES[SAFETENSORS]:
         pol = load_policy(p)
         src = Source(p, KIND_POLICY, pol.spec, policy=pol)
-    elif suffix == ".onnx":
+    elif is_onnx_source(p):
         src = _onnx_source(p)
     else:
         raise InputError(f"unknown input type '{suffix or p.name}': give a .pt checkpoint, a .safetensors policy, "
