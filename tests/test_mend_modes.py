@@ -81,3 +81,27 @@ def test_matrix_half_cases_use_the_derived_bound(tmp_path):
     assert all("cosine >=" not in c["title"] for c in r.data["cases"])
     figs = cases["5.10"]["figures"]
     assert figs["fp32_normalizer"]["bound_ratio"] < 1 < figs["fp16_normalizer"]["bound_ratio"]
+
+
+def test_export_reuses_the_reference_load_source_read(tmp_path, monkeypatch):
+    """export against the reference load_source already read and decided the divisors against (the
+    checkpoint's sibling ONNX, an ONNX input itself) reads it no second time; another --reference is
+    read and decided against as before. Each export verifies against its official ONNX and passes."""
+    import shutil
+
+    from huggy_convert.modes import export as export_mode
+
+    calls = []
+    for name in ("load_reference", "prepare_conversion"):
+        real = getattr(export_mode, name)
+        monkeypatch.setattr(export_mode, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    for path in (HUGGY, OFFICIAL):
+        src = load_source(path)
+        assert src.prepared is not None and src.prepared.reference == OFFICIAL
+        r = export_mode.export(src, 13, tmp_path / f"{path.suffix[1:]}.onnx")
+        assert r.ok and r.data["checks"] and calls == [], (path, calls)
+    other = tmp_path / "elsewhere.onnx"
+    shutil.copyfile(OFFICIAL, other)
+    r = export_mode.export(load_source(HUGGY), 13, tmp_path / "other.onnx", reference=other)
+    assert r.ok and r.data["checks"] and calls == ["load_reference", "prepare_conversion"]
+    assert "elsewhere.onnx" in r.data["reference"]

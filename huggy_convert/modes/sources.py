@@ -31,7 +31,7 @@ from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
 from ..importers import is_onnx_source
 from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
-from ..pipeline import default_reference, prepare_conversion
+from ..pipeline import Prepared, default_reference, prepare_conversion
 from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
@@ -169,6 +169,7 @@ class Source:
     run_dir: Optional[Path] = None
     load_seconds: float = 0.0
     unrecovered: Optional[str] = None  # an ONNX input: why its canonical tensors could not be recovered
+    prepared: Optional[Prepared] = None  # a checkpoint or a recovered ONNX: its divisors' decision and reference
     _cache: Dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
@@ -258,8 +259,9 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
     suffix = p.suffix.lower()
     if suffix in CKPT_SUFFIXES:
         ckpt = load_checkpoint(p)
-        conv = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True).conversion
-        src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
+        prep = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True)
+        pol = prep.conversion.policy
+        src = Source(p, KIND_CHECKPOINT, pol.spec, policy=pol, checkpoint=ckpt, run_dir=run_dir, prepared=prep)
     elif suffix == SUFFIXES[SAFETENSORS]:
         pol = load_policy(p)
         src = Source(p, KIND_POLICY, pol.spec, policy=pol)
@@ -281,8 +283,9 @@ def _onnx_source(p: Path) -> Source:
         ckpt = checkpoint_from_onnx(p, m, data)
     except InputError as exc:
         return Source(p, KIND_ONNX, infer_spec(m, p), model=m, unrecovered=exc.message)
-    pol = prepare_conversion(ckpt, p, lenient=True).conversion.policy  # the ONNX its own reference, as convert does
-    return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m)
+    prep = prepare_conversion(ckpt, p, lenient=True)  # the ONNX its own reference, as convert does
+    pol = prep.conversion.policy
+    return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m, prepared=prep)
 
 
 # --- observations ------------------------------------------------------------------------
