@@ -5,7 +5,7 @@ The public API (``huggy_convert.api``, docs/api.md): ``convert(source, out)``, `
 ``to_checkpoint(policy, out)``: the thing first, the destination second. Those names are imported on
 first use (PEP 562), so that ``import huggy_convert`` and the numpy-only paths (the spec, the canonical
 file's metadata) stay free of torch and onnx."""
-from . import converter  # noqa: F401  (imports the blocks, which bind the spec to the block registry)
+from . import blocks  # noqa: F401  (the block registry binds the spec to itself: core.spec.bind_architecture)
 from .core.policy import Policy  # noqa: F401
 from .core.spec import PolicySpec  # noqa: F401
 from .core.version import __version__  # noqa: F401

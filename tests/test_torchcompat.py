@@ -2,6 +2,7 @@
 the same forward bits, the same verdict on an archive (``huggy_convert.core.torchcompat``)."""
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import subprocess
@@ -88,6 +89,54 @@ def test_module_fallbacks_compute_the_same_bits(run, huggy_policies):
     assert public == private
 
 
+# what each conversion PolicyModule overrides is called with on a CPU-only host (the device moves to an
+# accelerator need one: their override is checked to be there)
+CPU_CALLS = {"to": ((torch.float16,), {}), "to_empty": ((), {"device": "cpu"}), "cpu": ((), {}),
+             "type": ((torch.float64,), {}), "float": ((), {}), "double": ((), {}), "half": ((), {}),
+             "bfloat16": ((), {}), "share_memory": ((), {})}
+
+
+def _apply_methods():
+    """nn.Module's public methods that go through ``self._apply``, read from this torch's source."""
+    out = []
+    for name, fn in vars(torch.nn.Module).items():
+        if name.startswith("_") or not callable(fn):
+            continue
+        try:
+            src = inspect.getsource(fn)
+        except (OSError, TypeError):
+            continue
+        if "self._apply(" in src:
+            out.append(name)
+    return out
+
+
+def test_every_conversion_keeps_the_normalizer_float32_with_or_without_the_private_hook(huggy_policies):
+    """Every public nn.Module method that goes through ``_apply`` in this torch is overridden by
+    PolicyModule (torchcompat.MODULE_APPLY's fallback); on the CPU each gives the same module with the
+    hook and without it: the normalizer float32 with its values, the weights in the same dtype."""
+    from huggy_convert.exporters.torch_module import CONVERSIONS, PolicyModule
+
+    found = _apply_methods()
+    assert {"to", "half", "to_empty"} <= set(found) and set(found) <= set(CONVERSIONS), found
+    assert all(name in vars(PolicyModule) for name in found), [n for n in found if n not in vars(PolicyModule)]
+    pol = huggy_policies[-1]
+
+    def converted(name):
+        args, kwargs = CPU_CALLS[name]
+        module = build_module(pol)
+        module = getattr(module, name)(*args, **kwargs)
+        assert set(module.pinned_dtypes().values()) == {"float32"}, name
+        pinned = {n: getattr(module, n).numpy().tobytes() for n in module.pinned_dtypes()}
+        return pinned, sorted({str(p.dtype) for p in module.parameters()}), module.compute_dtype
+
+    for name in (n for n in found if n in CPU_CALLS):
+        private = converted(name)
+        with torchcompat.without_private(torchcompat.MODULE_APPLY):
+            public = converted(name)
+        assert public == private, name
+
+
 def _archive(records: dict) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
@@ -107,14 +156,21 @@ def test_pt2_reader_fallback_gives_the_same_verdicts(huggy_policies):
     fqn = next(iter(cfg["config"]))
     cfg["config"][fqn]["use_pickle"] = True
     pickled = dict(records, **{cfg_name: json.dumps(cfg).encode()})
-    cases = {"good": good, "extra": _archive(extra), "pickled": _archive(pickled), "garbage": b"PK\x03\x04 not a zip"}
+    fmt = root + "archive_format"  # torch's reader requires it to say "pt2"
+    assert records[fmt] == b"pt2"
+    wrong_format = dict(records, **{fmt: b"pt1"})
+    no_format = {k: v for k, v in records.items() if k != fmt}
+    cases = {"good": good, "extra": _archive(extra), "pickled": _archive(pickled), "garbage": b"PK\x03\x04 not a zip",
+             "wrong_format": _archive(wrong_format), "no_format": _archive(no_format)}
     private = {k: unsafe_reason(v) for k, v in cases.items()}
     with torchcompat.without_private(torchcompat.PT2_READER):
         public = {k: unsafe_reason(v) for k, v in cases.items()}
     assert private["good"] is None and public["good"] is None
     assert "extra/payload.pkl" in private["extra"] and public["extra"] == private["extra"]
     assert "pickle" in private["pickled"] and public["pickled"] == private["pickled"]
-    assert private["garbage"] and public["garbage"]  # refused both ways (the reader's message may differ)
+    for bad in ("garbage", "wrong_format", "no_format"):  # refused both ways (the reader's message may differ)
+        assert private[bad] and public[bad], bad
+    assert "archive format" in private["wrong_format"].lower() and "archive format" in public["wrong_format"].lower()
 
 
 def test_preload_imports_dynamo_only_where_it_is_used():

@@ -18,22 +18,22 @@ from typing import Dict, Optional
 import numpy as np
 
 from .. import contract as C
-from ..errors import CheckpointError, InputError, from_os_error
+from ..errors import CheckpointError, InputError, describe, from_os_error
 
 
 # The size bound of any input file (a checkpoint, a policy, an ONNX, a golden file): Huggy's checkpoint
 # is 13.5 MB with its optimizer state; 4 GiB is far beyond any ML-Agents actor, and bounds what is read.
 MAX_INPUT_BYTES = 4 << 30
-MAX_QUOTE = 80  # characters of the input quoted in a message
+MAX_INPUT_QUOTE = 80  # characters of the input quoted in a message (errors.MAX_QUOTE: of a foreign message)
 
 
-def clip(text: str, limit: int = MAX_QUOTE) -> str:
+def clip(text: str, limit: int = MAX_INPUT_QUOTE) -> str:
     """``text`` capped at ``limit`` characters: a message quoting the input never prints MBs."""
     text = str(text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def quote(value, limit: int = MAX_QUOTE) -> str:
+def quote(value, limit: int = MAX_INPUT_QUOTE) -> str:
     """``value``'s repr, capped (``clip``)."""
     return clip(repr(value), limit)
 
@@ -155,7 +155,7 @@ def load_npz(path, what: str, error=InputError, data: Optional[bytes] = None) ->
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except Exception as exc:  # numpy raises ValueError, OSError, EOFError, BadZipFile... for a bad file
-        raise error(f"not a readable {what} ({type(exc).__name__}: {clip(' '.join(str(exc).split()), 100)})", p) from None
+        raise error(f"not a readable {what} ({describe(exc, 100)})", p) from None
     for k, a in arrays.items():
         if a.dtype.kind not in "biufU":
             raise error(f"not a readable {what} (array {quote(k, 40)} is {a.dtype}, not numbers)", p)

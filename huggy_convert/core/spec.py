@@ -26,6 +26,8 @@ MAX_LAYERS = 64
 OBS_VECTOR, OBS_ENTITY, OBS_VISUAL = "vector", "entity", "visual"
 OBS_KINDS = {1: OBS_VECTOR, 2: OBS_ENTITY, 3: OBS_VISUAL}
 GOAL_NONE, GOAL_HYPER = C.GOAL_NONE, C.GOAL_HYPER  # goal_conditioning_type (a "none" goal is a vector like any other)
+# left out of the spec's JSON (and its summary) when a policy does not use them: PolicySpec._used_optional_fields
+_OPTIONAL_FIELDS = ("obs_shapes", "attention_export", "vis_encode_type", "goal_conditioning", "goal_obs")
 
 
 class Architecture(NamedTuple):
@@ -266,6 +268,25 @@ class PolicySpec:
              "normalize": self.normalize, "hidden_units": self.hidden_units, "num_layers": self.num_layers,
              "continuous_size": self.continuous_size, "discrete_branches": list(self.discrete_branches),
              "memory_size": self.memory_size, "parameters": self.parameter_count()}
+        d.update(self._used_optional_fields())
+        return d
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in _OPTIONAL_FIELDS:
+            del d[k]
+        d.update(self._used_optional_fields())
+        d["obs_sizes"] = list(self.obs_sizes)
+        d["discrete_branches"] = list(self.discrete_branches)
+        d["notes"] = list(self.notes)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    def _used_optional_fields(self) -> dict:
+        """The optional fields (:data:`_OPTIONAL_FIELDS`) this policy uses, as JSON values, in a fixed
+        order: the others are left out of :meth:`summary` and :meth:`to_json`, so a spec without
+        observation shapes (all vectors), 0.30's attention, a camera or a hypernetwork reads (and
+        hashes) as before the field existed."""
+        d: dict = {}
         if self.obs_shapes:
             d["obs_shapes"] = [list(s) for s in self.obs_shapes]
         if self.attention_export != C.ATTENTION_EXPORT_110:
@@ -275,25 +296,6 @@ class PolicySpec:
         if self.goal_conditioning != GOAL_NONE:
             d["goal_conditioning"], d["goal_obs"] = self.goal_conditioning, list(self.goal_obs)
         return d
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["obs_sizes"] = list(self.obs_sizes)
-        if self.obs_shapes:
-            d["obs_shapes"] = [list(s) for s in self.obs_shapes]
-        else:  # an all-vector spec reads (and hashes) as before the field existed
-            del d["obs_shapes"]
-        if self.attention_export == C.ATTENTION_EXPORT_110:  # likewise: a policy without 0.30's attention
-            del d["attention_export"]
-        if not self.vis_encode_type:  # likewise a spec without a camera
-            del d["vis_encode_type"]
-        if self.goal_conditioning == GOAL_NONE:  # likewise a spec without a hypernetwork
-            del d["goal_conditioning"], d["goal_obs"]
-        else:
-            d["goal_obs"] = list(self.goal_obs)
-        d["discrete_branches"] = list(self.discrete_branches)
-        d["notes"] = list(self.notes)
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "PolicySpec":

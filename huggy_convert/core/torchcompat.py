@@ -212,7 +212,8 @@ _LAYOUT = {"WEIGHTS_CONFIG_FILENAME_FORMAT": "data/weights/{}_weights_config.jso
            "CONSTANTS_CONFIG_FILENAME_FORMAT": "data/constants/{}_constants_config.json",
            "MODELS_FILENAME_FORMAT": "models/{}.json", "SAMPLE_INPUTS_FILENAME_FORMAT": "data/sample_inputs/{}.pt",
            "WEIGHTS_DIR": "data/weights/", "CONSTANTS_DIR": "data/constants/", "WEIGHT_FILENAME_PREFIX": "weight_",
-           "TENSOR_CONSTANT_FILENAME_PREFIX": "tensor_"}
+           "TENSOR_CONSTANT_FILENAME_PREFIX": "tensor_", "ARCHIVE_FORMAT_PATH": "archive_format",
+           "ARCHIVE_FORMAT_VALUE": "pt2"}
 
 
 class _Layout:
@@ -250,7 +251,8 @@ class _Records:
 @contextmanager
 def open_pt2(data: bytes) -> Iterator[_Records]:
     """The records of a ``.pt2`` archive: torch's own reader, or ``zipfile`` over the same records
-    (one root folder, as torch's writer makes). Raises on an archive either cannot read."""
+    (one root folder, as torch's writer makes; its format record saying ``pt2``, as torch's reader
+    requires). Raises on an archive either cannot read."""
     found = _probe(PT2_READER)
     if found:
         with found[0](io.BytesIO(data)) as r:
@@ -262,6 +264,10 @@ def open_pt2(data: bytes) -> Iterator[_Records]:
         if len(roots) != 1 or any("/" not in n for n in full):
             raise ValueError(f"{len(roots)} root folders in the archive (torch's writer makes one)")
         root = roots.pop() + "/"
+        fmt = root + _LAYOUT["ARCHIVE_FORMAT_PATH"]
+        if fmt not in full or z.read(fmt).decode("utf-8", "replace") != _LAYOUT["ARCHIVE_FORMAT_VALUE"]:
+            raise ValueError("invalid archive format (torch's reader requires "
+                             f"{_LAYOUT['ARCHIVE_FORMAT_PATH']} = {_LAYOUT['ARCHIVE_FORMAT_VALUE']})")
         yield _Records((n[len(root):] for n in full), lambda n: z.read(root + n))
 
 

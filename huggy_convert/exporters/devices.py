@@ -7,9 +7,10 @@ from typing import List, Optional
 import importlib.util
 import platform
 
+from ..core.bounds import PRECISIONS
 from ..errors import DeviceError
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = tuple(PRECISIONS)  # float32, float16, bfloat16: the formats whose bounds core.bounds derives
 NPU = "npu"  # an Ascend NPU: torch_npu for torch, onnxruntime-cann for onnxruntime
 
 

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Dict, List, Optional
 
 import numpy as np
+import torch
 
 from ..converter.checkpoint import torch_load_weights_only
 from ..core import torchcompat
@@ -94,8 +95,6 @@ EXPORT_GATE = Gate()
 
 
 def _save(ep) -> bytes:
-    import torch
-
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     return buf.getvalue()
@@ -174,8 +173,6 @@ class ProgramWriter:
         return data
 
     def _program_bytes(self, policy) -> bytes:
-        import torch
-
         module = build_module(policy, "cpu", "float32")
         first = self._trace(policy, module)
         if first is not None:

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import functools
 import io
 from typing import Dict, List, Optional
 
@@ -137,7 +138,8 @@ class PolicyModule(nn.Module):
 
     # keep the normalizer float32 whatever .half()/.to(dtype) does to the rest: every conversion goes
     # through nn.Module._apply (a private hook); where a torch does not route them there
-    # (torchcompat.MODULE_APPLY), the public conversions below do the same around their own call
+    # (torchcompat.MODULE_APPLY), the public conversions (CONVERSIONS, below the class) do the same
+    # around their own call
     def _keeping_pinned(self, convert):
         saved = {n: getattr(self, n) for n in self._pinned_names}
         convert()
@@ -155,33 +157,10 @@ class PolicyModule(nn.Module):
         return self._keeping_pinned(lambda: apply(fn, recurse))
 
     def _public(self, method, *args, **kwargs):
+        """``method`` (one of :data:`CONVERSIONS`, unbound) on this module, the normalizer kept float32."""
         if torchcompat.available(torchcompat.MODULE_APPLY):
-            return method(*args, **kwargs)  # _apply pins
-        return self._keeping_pinned(lambda: method(*args, **kwargs))
-
-    def to(self, *args, **kwargs):
-        return self._public(super().to, *args, **kwargs)
-
-    def cpu(self):
-        return self._public(super().cpu)
-
-    def cuda(self, device=None):
-        return self._public(super().cuda, device)
-
-    def type(self, dst_type):
-        return self._public(super().type, dst_type)
-
-    def float(self):
-        return self._public(super().float)
-
-    def double(self):
-        return self._public(super().double)
-
-    def half(self):
-        return self._public(super().half)
-
-    def bfloat16(self):
-        return self._public(super().bfloat16)
+            return method(self, *args, **kwargs)  # _apply pins
+        return self._keeping_pinned(lambda: method(self, *args, **kwargs))
 
     @property
     def input_names(self) -> List[str]:
@@ -252,6 +231,26 @@ class PolicyModule(nn.Module):
         if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
         return self._run(inputs, {"noise": noise, "uniform": uniform})
+
+
+# nn.Module's public methods that go through _apply: PolicyModule overrides each this torch has, so that
+# where a torch does not call the private hook (torchcompat.MODULE_APPLY) they still keep the normalizer float32
+CONVERSIONS = ("to", "to_empty", "cpu", "cuda", "ipu", "xpu", "mtia", "type", "float", "double", "half", "bfloat16",
+               "share_memory")
+
+
+def _pinning(name: str):
+    convert = getattr(nn.Module, name)
+
+    @functools.wraps(convert)
+    def method(self, *args, **kwargs):
+        return self._public(convert, *args, **kwargs)
+    return method
+
+
+for _name in CONVERSIONS:
+    if hasattr(nn.Module, _name):
+        setattr(PolicyModule, _name, _pinning(_name))
 
 
 def build_module(policy: Policy, device: str = "cpu", dtype: str = "float32",

@@ -8,14 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..converter.checkpoint import Checkpoint, load_checkpoint
+from ..core.artifacts import ONNX, SUFFIXES
 from .from_onnx import checkpoint_from_onnx
-
-ONNX_SUFFIX = ".onnx"
 
 
 def is_onnx_source(path) -> bool:
     """Whether ``path`` names an ONNX model (read back into a checkpoint by ``from_onnx``)."""
-    return Path(path).suffix.lower() == ONNX_SUFFIX
+    return Path(path).suffix.lower() == SUFFIXES[ONNX]
 
 
 def read_source(path) -> Checkpoint:

@@ -10,12 +10,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..core.bounds import PRECISIONS
-from ..verify.bounds import Float64Policy, judge, reference_forward, within_both
+from ..verify.bounds import judge, reference_forward, within_both
 from ..verify.compare import DEFAULT_TOLERANCES, Comparison, Tolerance, array_stats, compare_arrays
 from .sources import to_jsonable
 
-PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 FP32_BOUND = "derived float32 bound"  # the rule of fp32_agree
 
 
@@ -70,16 +69,11 @@ def fp32_reference(policy, feed: Dict[str, np.ndarray], noise=None):
     return reference_forward(policy, feed, noise)
 
 
-def half_reference(policy, feed: Dict[str, np.ndarray], dtype: str):
-    """The float64 reference of ``policy`` on ``feed`` with the bounds of a ``dtype`` (float16,
-    bfloat16) runtime (core.bounds.Precision), for :func:`half_agree`."""
-    return Float64Policy(policy).forward(feed, precision=PRECISIONS[dtype])
-
-
 def half_agree(ref, name: str, ref32: np.ndarray, got: np.ndarray) -> Comparison:
     """verify's rule for a float16 / bfloat16 run ``got``: every element within the derived bound of
-    ``ref`` (:func:`half_reference`; an argmax flip within its float64 logit margin passes). The
-    figures are ``got`` against ``ref32`` (the CPU float32 run); ``bound_ratio`` = max error / bound."""
+    ``ref`` (``verify.bounds.Float64Policy.forward`` with that format's ``core.bounds.Precision``; an
+    argmax flip within its float64 logit margin passes). The figures are ``got`` against ``ref32``
+    (the CPU float32 run); ``bound_ratio`` = max error / bound."""
     j = judge(ref, name, got)
     s = array_stats(ref32, got)
     return Comparison.of(s, j["ok"], f"derived {ref.precision.name} bound", bound_ratio=j.get("ratio"))

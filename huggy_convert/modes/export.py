@@ -61,8 +61,13 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     if out.exists() and out.resolve() == src.path.resolve():
         raise InputError("refusing to overwrite the input: choose another --out", out)
     official_path = _official_for(src, reference)
+    prepared = None  # load_source's decision against this very reference: its official ONNX and policy reused
+    if official_path is not None and src.prepared is not None and src.prepared.reference == official_path:
+        prepared = src.prepared
     official = None
-    if official_path is not None:
+    if prepared is not None:
+        official = prepared.official
+    elif official_path is not None:
         official = load_reference(official_path)
     r = ModeResult("export")
     policy = src.policy
@@ -76,8 +81,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         data = src.path.read_bytes()
     else:
         if official is not None and src.checkpoint is not None:  # the divisor decided against it, as convert does
-
-            policy = prepare_conversion(src.checkpoint, official_path).conversion.policy
+            policy = (prepared or prepare_conversion(src.checkpoint, official_path)).conversion.policy
         model = build_onnx(policy, opset)
         if noise_input:
             model = with_noise_input(model)

@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from .. import contract as C
+from ..core.bounds import PRECISIONS
 from ..errors import HuggyError
 from ..exporters.devices import NPU
 from ..exporters.torch_module import build_module
 from ..runtime import ModuleRunner, OrtRunner, cann_available
-from .common import (FAIL, PASS, SKIP, WARN, ModeResult, fp32_agree, fp32_reference, g, half_agree, half_reference,
-                     tolerance)
+from ..verify.bounds import Float64Policy
+from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, g, half_agree, tolerance
 from .sources import DTYPES, KIND_ONNX, Source, devices_present, make_feed, make_runner
 
 
@@ -20,16 +21,16 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
     of the float64 reference (verify.bounds; an ONNX input, without canonical tensors: verify's
     float32 Tolerance, atol 1e-6 / rtol 1e-5 element-wise and cosine >= 0.999999); float16 and
     bfloat16 within the bound derived for their format (over it: a failure; an argmax flip within its
-    float64 logit margin passes). The figures are each run against the CPU float32 run. Without
-    canonical tensors (no float64 reference) the half formats keep verify.compare's thresholds
-    (float16 atol 1e-2 / cosine >= 0.999 a failure; bfloat16 5e-2 / 0.995 and a flipped argmax a WARN)."""
+    float64 logit margin passes). The figures are each run against the CPU float32 run. The half
+    formats run only from canonical tensors; a row records ``atol`` / ``min_cosine`` only where that
+    fixed Tolerance judged it (float32 without canonical tensors)."""
     devices = list(devices) if devices else devices_present()
     feed = make_feed(src, "probes", rows, seed)
     names = src.spec.deterministic_output_names()
     ref_runner = make_runner(src, "cpu", "float32", runtime)
     ref = ref_runner.deterministic(feed)
-    f64 = fp32_reference(src.policy, feed) if src.policy is not None else None
-    halves: Dict[str, object] = {}  # dtype -> the float64 reference with that format's bounds (when checked)
+    reference = _references(src, feed)
+    f64 = reference("float32") if reference is not None else None
     r = ModeResult("precision")
     results: List[Dict] = []
     for dev in devices:
@@ -42,39 +43,33 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
                 row.update(status=SKIP, reason=exc.message)
                 results.append(row)
                 continue
-            tol = tolerance(dt)
             status = PASS
             outs = {}
+            # a half runner exists only from canonical tensors, so only float32 can lack the float64 reference
+            tol = tolerance(dt) if reference is None else None
             for k in names:
-                if dt == "float32" and f64 is not None:  # the derived bound: the same rule on every host
+                if tol is not None:  # float32 without canonical tensors: verify's float32 Tolerance
+                    c = tol.compare(ref[k], got[k])
+                    outs[k] = c.figures()
+                elif dt == "float32":  # the derived bound: the same rule on every host
                     c = fp32_agree(f64, k, ref[k], got[k])
                     outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
-                    if not c:
-                        status = FAIL
-                    continue
-                if dt != "float32" and src.policy is not None:  # the bound derived for the format
-                    if dt not in halves:
-                        halves[dt] = half_reference(src.policy, feed, dt)
-                    c = half_agree(halves[dt], k, ref[k], got[k])
+                else:  # the bound derived for the format
+                    c = half_agree(reference(dt), k, ref[k], got[k])
                     outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
-                    if not c:
-                        status = FAIL
-                    continue
-                c = tol.compare(ref[k], got[k])
-                outs[k] = c.figures()
-                # an argmax flipped in reduced precision, or a bf16 output over its threshold: a warning
-                bad = FAIL if (dt == "float32" or (not c.integer and dt != "bfloat16")) else WARN
                 if not c:
-                    status = FAIL if FAIL in (status, bad) else WARN
-            row.update(status=status, runtime=runner.runtime, resolved=runner.device, atol=tol.atol,
-                       min_cosine=tol.cosine, outputs=outs)
+                    status = FAIL
+            row.update(status=status, runtime=runner.runtime, resolved=runner.device)
+            if tol is not None:
+                row.update(atol=tol.atol, min_cosine=tol.cosine)
+            row["outputs"] = outs
             if status == FAIL:
                 r.ok = False
             results.append(row)
     r.data = {"source": src.label, "reference": ref_runner.label, "rows": rows, "seed": seed, "probes":
               "runtime.feeds.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
     r.lines.append(f"precision {src.label}: against {ref_runner.label} on {rows} probes (seed {seed})")
-    mark = {PASS: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
+    mark = {PASS: "✓", FAIL: "✗", SKIP: "-"}
     for row in results:
         head = f"  {mark[row['status']]} {row['device']:<7} {row['dtype']:<8}"
         if row["status"] == SKIP:
@@ -84,14 +79,28 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
         for k, s in row["outputs"].items():
             parts.append(f"{k}: " + (f"{s['bitwise_equal']}/{s['count']} equal" if "mismatches" in s else
                                       f"cos={s['cosine']:.6f} max_abs={g(s['max_abs'], 3)}"))
-        note = " (over the bf16 threshold: not for production)" if row["status"] == WARN and row["dtype"] == "bfloat16" else ""
-        r.lines.append(f"{head} {'; '.join(parts)}{note}")
+        r.lines.append(f"{head} {'; '.join(parts)}")
     if src.kind == KIND_ONNX:
         r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors"
                        + (": --runtime torch uses those recovered from it" if src.has_tensors else ""))
-    if src.policy is not None:
-        _atc_modes(r, src, feed, ref, f64, names, devices)
+    if reference is not None:
+        _atc_modes(r, src, feed, ref, reference, names, devices)
     return r
+
+
+def _references(src: Source, feed):
+    """``reference(dtype)``: the float64 reference of ``src.policy`` on ``feed`` with the bounds of a
+    ``dtype`` runtime, one :class:`Float64Policy` and one forward per dtype; None without canonical tensors."""
+    if src.policy is None:
+        return None
+    fp = Float64Policy(src.policy)
+    done: Dict[str, object] = {}
+
+    def reference(dtype: str):
+        if dtype not in done:
+            done[dtype] = fp.forward(feed, precision=PRECISIONS[dtype])
+        return done[dtype]
+    return reference
 
 
 # ATC's precision modes, each emulated on the CPU: (mode, short, what runs, weights dtype, normalizer dtype)
@@ -109,20 +118,21 @@ ATC_EMULATIONS = (
 )
 
 
-def _atc_modes(r: ModeResult, src: Source, feed, ref, f64, names, devices) -> None:
+def _atc_modes(r: ModeResult, src: Source, feed, ref, reference, names, devices) -> None:
     """Each ATC precision mode against the CPU float32 reference, measured: fp16 modes emulated with the
     torch module in float16 (the normalizer in fp16 or kept fp32), judged by verify's derived fp16 bound;
     ``must_keep_origin_dtype`` as the rebuilt ONNX in onnxruntime, judged by the derived float32 bound.
     Where onnxruntime-cann is installed and an NPU is among the devices, the same ONNX runs on it
-    through the CANN execution provider with each precision mode. Advisory: none fails the command."""
-    f16 = half_reference(src.policy, feed, "float16")
+    through the CANN execution provider with each precision mode. Advisory: none fails the command.
+    ``reference``: :func:`_references`' (the float64 reference per dtype, computed once)."""
+    f64, f16 = reference("float32"), reference("float16")
     rows: List[Dict] = []
 
     def judge(mode, short, what, got, fp32, where="cpu emulation"):
         row = {"precision_mode": mode, "short": short, "emulates": what, "where": where, "outputs": {}}
         ok = True
         for k in names:
-            if fp32 and f64 is not None:
+            if fp32:
                 c = fp32_agree(f64, k, ref[k], got[k])
                 bound = {"rule": "derived float32 bound", "bound_ratio": c.bound_ratio}
             else:

@@ -22,20 +22,21 @@ import numpy as np
 from .. import contract as C
 from ..converter import Checkpoint, load_checkpoint, load_policy
 from ..converter.reference import read_onnx
+from ..core.artifacts import SAFETENSORS, SUFFIXES
 from ..core.files import load_npz, read_input_file
 from ..core.policy import Policy
 from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError, describe
-from ..exporters.devices import available_devices
+from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
+from ..importers import is_onnx_source
 from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
-from ..pipeline import default_reference, prepare_conversion
+from ..pipeline import Prepared, default_reference, prepare_conversion
 from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
-DTYPES = ("float32", "float16", "bfloat16")
 CONSTANT_OUTPUTS = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_DISC_SHAPE)
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
@@ -51,7 +52,7 @@ def display_path(p) -> str:
 
 # --- run directories ---------------------------------------------------------------------
 def run_inventory(run_dir) -> Dict[str, object]:
-    """Checkpoint inventory of a run directory (``rundir.discover``: training_status.json, else
+    """Checkpoint inventory of a run directory (``batch.rundir.discover``: training_status.json, else
     the file names): per behavior, each checkpoint's step, reward and whether its files are there."""
     found = discover(Path(run_dir))
     status, items, warnings = found.status, found.items, found.warnings
@@ -168,6 +169,7 @@ class Source:
     run_dir: Optional[Path] = None
     load_seconds: float = 0.0
     unrecovered: Optional[str] = None  # an ONNX input: why its canonical tensors could not be recovered
+    prepared: Optional[Prepared] = None  # a checkpoint or a recovered ONNX: its divisors' decision and reference
     _cache: Dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
@@ -257,12 +259,13 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
     suffix = p.suffix.lower()
     if suffix in CKPT_SUFFIXES:
         ckpt = load_checkpoint(p)
-        conv = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True).conversion
-        src = Source(p, KIND_CHECKPOINT, conv.policy.spec, policy=conv.policy, checkpoint=ckpt, run_dir=run_dir)
-    elif suffix == ".safetensors":
+        prep = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True)
+        pol = prep.conversion.policy
+        src = Source(p, KIND_CHECKPOINT, pol.spec, policy=pol, checkpoint=ckpt, run_dir=run_dir, prepared=prep)
+    elif suffix == SUFFIXES[SAFETENSORS]:
         pol = load_policy(p)
         src = Source(p, KIND_POLICY, pol.spec, policy=pol)
-    elif suffix == ".onnx":
+    elif is_onnx_source(p):
         src = _onnx_source(p)
     else:
         raise InputError(f"unknown input type '{suffix or p.name}': give a .pt checkpoint, a .safetensors policy, "
@@ -280,8 +283,9 @@ def _onnx_source(p: Path) -> Source:
         ckpt = checkpoint_from_onnx(p, m, data)
     except InputError as exc:
         return Source(p, KIND_ONNX, infer_spec(m, p), model=m, unrecovered=exc.message)
-    pol = prepare_conversion(ckpt, p, lenient=True).conversion.policy  # the ONNX its own reference, as convert does
-    return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m)
+    prep = prepare_conversion(ckpt, p, lenient=True)  # the ONNX its own reference, as convert does
+    pol = prep.conversion.policy
+    return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m, prepared=prep)
 
 
 # --- observations ------------------------------------------------------------------------
