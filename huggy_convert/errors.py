@@ -16,8 +16,9 @@ from typing import Optional, Union
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
 EXIT_BAD_INPUT = 2
-# 3: EXIT_INTERNAL (below); 130: interrupted (cli.EXIT_INTERRUPTED)
+# 3: EXIT_INTERNAL (below)
 EXIT_INCOMPLETE = 4  # verify OUT/: a partial PASS (checks not run, e.g. the checkpoint moved); 1 with --require-complete
+EXIT_INTERRUPTED = 130  # Ctrl-C (the CLI, a batch's worker): 128 + SIGINT, as shells report it
 MAX_PATH_CHARS = 160  # of the file named in the one line (a 255-byte name, a deep path)
 MAX_MESSAGE_CHARS = 400  # of the reason: a message quoting the input never prints MBs
 

@@ -5,7 +5,6 @@ what this run did with it, its outputs' sha256 and its verdict's key figures), t
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import os
@@ -17,10 +16,9 @@ from typing import Dict, List, Optional, Tuple
 
 from ..core.version import __version__
 from .. import contract as C
-from ..core.artifacts import SUFFIXES
-from ..core.files import atomic_write_bytes
-from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED
-from .deployed import FAILING as DEPLOYED_FAILING
+from ..core.artifacts import SUFFIXES, sha256_bytes
+from ..core.files import atomic_write_bytes, read_input_file
+from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
 from .rundir import Item
 
 
@@ -35,6 +33,8 @@ except ValueError:
 # entry status (what the out directory holds) and what this run did with it
 OK, VERIFY_FAILED, ERROR, MISSING, SAME_AS = "ok", "verify_failed", "error", "missing", "same_as"
 CONVERTED, SKIPPED, FAILED, CHECKED = "converted", "skipped", "failed", "checked"
+UNVERIFIED = "unverified"  # a deployed ONNX (batch.deployed) not compared by content (--no-verify)
+DEPLOYED_FAILING = (VERIFY_FAILED, ERROR)  # a deployed ONNX's statuses that fail the batch
 KINDS = tuple(SUFFIXES.items())
 
 
@@ -58,8 +58,8 @@ def _fsync_dir(path: Path) -> None:
 
 def sha_file(path: Path) -> Optional[str]:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return sha256_bytes(read_input_file(path, "output file"))
+    except HuggyError:
         return None
 
 

@@ -131,7 +131,7 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
         try:
             if role == "official":
                 official, official_path = read_reference(path)[0], path
-            elif is_onnx_source(path):  # a policy recovered from an ONNX (converter.from_onnx)
+            elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
                 ckpt = read_source(path)
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (verify_out

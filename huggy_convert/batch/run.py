@@ -67,8 +67,8 @@ Idempotent and resumable
     redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
     rewritten that way (and fsynced) every ``HUGGY_CONVERT_MANIFEST_INTERVAL`` seconds (default 1)
     and at the end; stale ``.*.tmp`` files of a killed run (of the names it writes:
-    ``artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
-    ``OUT/.manifest.json.lock`` (``artifacts.locked``; taking it also proves OUT writable before any
+    ``core.artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
+    ``OUT/.manifest.json.lock`` (``core.artifacts.locked``; taking it also proves OUT writable before any
     work), and each checkpoint's set is written under its stem's lock, as a single conversion's. After a ``kill -9``
     a rerun skips what the manifest holds and redoes the rest, with the same bytes (artifacts and
     reports are deterministic: one torch thread, and nothing in them depends on the order).
@@ -80,7 +80,6 @@ missing file or failed verification), 2 nothing could be converted, or no checkp
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 import warnings
@@ -89,10 +88,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .. import contract as C
+from ..converter import load_checkpoint
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record
 from ..core import torchcompat
-from ..core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
+from ..core.artifacts import SUFFIXES, check_out, sha256_bytes, clean_stale_temporaries, locked, make_dirs
 from ..core.files import read_input_file
 from ..core.version import __version__
 from ..errors import InputError, one_line
@@ -111,14 +111,6 @@ from .workers import Pool, default_jobs, shared
 
 BATCH_ROWS = 16
 BATCH_FINGERPRINT_STEPS = (16,)
-
-
-def read_checkpoint(path: Path, data: bytes, sha256: str):
-    """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once.
-    (torch's warnings are silenced for the whole batch by run_batch: catch_warnings is not thread-safe.)"""
-    from ..converter import load_checkpoint
-
-    return load_checkpoint(path, data=data, sha256=sha256, quiet_warnings=False)
 
 
 def _key_figures(rep_dict: dict) -> dict:
@@ -203,14 +195,16 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
     try:
         if ckpt is None:
             data = read_input_file(item.path)
-            sha = hashlib.sha256(data).hexdigest()
+            sha = sha256_bytes(data)
             entry.update(source_sha256=sha, source_bytes=len(data))
             prev = ctx.previous.get(item.rel)
             if _can_skip(prev, sha, item, ctx):
                 entry = _skipped(entry, prev)
                 entry["seconds_this_run"] = round(time.perf_counter() - t0, 3)
                 return entry
-            ckpt = read_checkpoint(item.path, data, sha)
+            # the bytes already read and hashed: the file is read once (torch's warnings are silenced
+            # for the whole batch by run_batch: catch_warnings is not thread-safe)
+            ckpt = load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
             data = None
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
@@ -218,9 +212,9 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
                           profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
                           fsync=False, suggest_reference=False, check_tolerances=False)
-        spec = res.conversion.policy.spec
-        decision = divisor_record(res.conversion.policy)
-        entry["spec"] = spec.summary()
+        s = res.summary()
+        decision = divisor_record(res.conversion.policy)  # (summary()'s is None without a normalizer)
+        entry["spec"] = s["spec"]
         entry["reference"] = res.reference.name if res.reference else None
         entry["divisor"] = dict(decision, summary=describe_divisor(decision))
         entry["outputs"] = {k: dict(a, file=f"{item.sub}/{a['file']}" if item.sub else a["file"])
@@ -228,12 +222,12 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry["status"] = OK
         rep = res.report
         if rep is not None:
-            v = {"verdict": rep.verdict, "ok": rep.ok, "first_failure": rep.first_failure()}
+            v = dict(s["verify"])  # verdict, ok, first_failure
             v.update(_key_figures(rep.to_dict()))
             entry["verify"] = v
-            if not rep.ok:
+            if not v["ok"]:
                 entry["status"] = VERIFY_FAILED
-                entry["error"] = f"verification failed: {rep.first_failure()}"
+                entry["error"] = f"verification failed: {v['first_failure']}"
         entry["run"] = CONVERTED if entry["status"] == OK else FAILED
     except Exception as exc:  # one bad checkpoint never stops the others
         entry.update(status=ERROR, run=FAILED, error=one_line(exc, item.path))
@@ -272,7 +266,7 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
         return
     try:
         it = items[0]
-        ckpt = read_checkpoint(it.path, read_input_file(it.path), "")
+        ckpt = load_checkpoint(it.path, quiet_warnings=False)  # (its sha256 is not needed here)
         prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
         ctx.writer.program_bytes(prep.conversion.policy)
         torchcompat.preload_export()  # what torch.export.load needs too
@@ -389,8 +383,6 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
         for group in groups.values():
             for it in sorted(group, key=lambda it: not it.newest)[:TOLERANCE_TRIES]:
                 try:
-                    from ..converter import load_checkpoint
-
                     ckpt = load_checkpoint(it.path, quiet_warnings=False)
                     prep = prepare_conversion(ckpt, default_reference(it.path), o.obs_sizes, o.divisor, lenient=True)
                 except Exception:  # noqa: BLE001 - its task reports it

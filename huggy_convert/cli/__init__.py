@@ -7,7 +7,6 @@ import click
 
 from ..core.version import __version__
 from . import convert, modes
-from .render import EXIT_INTERRUPTED  # noqa: F401 (130: 128 + SIGINT, as shells report it)
 
 
 class DefaultGroup(click.Group):

@@ -11,9 +11,7 @@ from pathlib import Path
 import click
 
 from ..console import show_verdict
-from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, error_line
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, error_line
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -113,8 +111,7 @@ class Progress:
         self._ctx = self._bar = None
 
     def __call__(self, kind: str, data) -> None:
-        from ..batch.deployed import FAILING
-        from ..batch.manifest import ERROR, MISSING, VERIFY_FAILED
+        from ..batch.manifest import DEPLOYED_FAILING, ERROR, MISSING, VERIFY_FAILED
         from ..batch.run import DEPLOYED, ENTRY, START, WARNING
 
         if kind == WARNING:
@@ -122,7 +119,7 @@ class Progress:
         elif kind == START and self.bar and data >= self.least:
             self._ctx = click.progressbar(length=data, label=self.label.format(data), file=self.file)
             self._bar = self._ctx.__enter__()
-        elif kind == DEPLOYED and data["status"] in FAILING:
+        elif kind == DEPLOYED and data["status"] in DEPLOYED_FAILING:
             click.echo(f"huggy-convert: {'error' if data['status'] == ERROR else 'verification failed'}: "
                        f"{data['error']}", err=True)
         elif kind != DEPLOYED and kind != START:  # a checkpoint converted, a set verified
