@@ -91,14 +91,16 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                                    options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
                                    profile=profile, render=not as_json, require_complete=require_complete, events=p)
-    render.verification(recs, workers, as_json)
+    # the reports are written and the verdicts decided: the exit code first (the first error's, where a set
+    # could not be verified), then the display
     errors = [r["error"] for r in recs if "error" in r]
-    if errors:
-        raise_error_record(errors[0])
     done = [r for r in recs if "error" not in r]
-    if any(not r["ok"] for r in done):
-        return EXIT_VERIFY_FAILED
-    return EXIT_INCOMPLETE if any(not r["complete"] for r in done) else EXIT_OK
+    code = errors[0]["exit_code"] if errors else EXIT_VERIFY_FAILED if any(not r["ok"] for r in done) else \
+        EXIT_INCOMPLETE if any(not r["complete"] for r in done) else EXIT_OK
+    show_verdict(lambda: render.verification(recs, workers, as_json), code)
+    if errors:
+        raise_error_record(errors[0])  # its one line and that code (options.Command's guard)
+    return code
 
 
 @click.command("to-checkpoint", cls=Command, subject="policy")
