@@ -11,6 +11,7 @@ The examples run as tests (``tests/test_api.py``) from the repository root, on t
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -67,7 +68,9 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     ``verify``: that is the ``huggy_convert.verify`` stage's package): every set
     under the folder ``out``, or the one set of a ``.safetensors`` file. Each set's files are read back and
     rebuilt from the ``.safetensors`` and compared byte for byte, each source found again by its recorded
-    sha256 re-runs checks 1-2, and each set's ``<stem>.verify.json`` is rewritten.
+    sha256 re-runs checks 1-2, and each set's ``<stem>.verify.json`` is rewritten. Each set gets the profile
+    its batch gave it (``OUT/manifest.json``; the full one where none is recorded), as on the command line;
+    a tolerance option naming an output of only some sets is a ``UserWarning``.
 
     Returns one ``Report`` per set (``.ok``, ``.verdict``, ``.first_failure()``).
 
@@ -82,8 +85,11 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     p, stem = Path(out), None
     if p.suffix == ".safetensors" and p.is_file():
         p, stem = p.parent, p.stem
-    return verify_dir(p, reference=reference, checkpoint=checkpoint, options=_verify_options(verify_options),
-                      stem=stem, require_complete=require_complete)
+    reports, notes = verify_dir(p, reference=reference, checkpoint=checkpoint, options=_verify_options(verify_options),
+                                stem=stem, require_complete=require_complete)
+    for note in notes:  # what the command line prints as a warning (each report notes it too)
+        warnings.warn(note, stacklevel=2)
+    return reports
 
 
 @dataclass

@@ -139,10 +139,16 @@ def describe(exc: BaseException, limit: int = MAX_QUOTE) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
 
 
+def as_error(exc: BaseException, path: Optional[Union[str, Path]] = None) -> HuggyError:
+    """Any exception as a typed error of the one taxonomy (``from_foreign``: the file a foreign error
+    names, else ``path``)."""
+    return from_foreign(exc, getattr(exc, "filename", None) or path)
+
+
 def one_line(exc: BaseException, path: Optional[Union[str, Path]] = None) -> str:
-    """Any exception as the one line of the one taxonomy (``from_foreign``: the file a foreign error
-    names, else ``path``), without the ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
-    return from_foreign(exc, getattr(exc, "filename", None) or path).one_line()
+    """Any exception as the one line of the one taxonomy (:func:`as_error`), without the
+    ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
+    return as_error(exc, path).one_line()
 
 
 def error_line(error: Union[HuggyError, str]) -> str:

@@ -13,7 +13,7 @@ from ..converter import load_checkpoint
 from ..core.artifacts import sha256_bytes
 from ..core.files import read_input_file
 from ..errors import HuggyError, one_line
-from .manifest import CHECKED, ERROR, FAILED, OK, SAME_AS, SKIPPED, VERIFY_FAILED, base_entry
+from .manifest import CHECKED, ERROR, FAILED, OK, PROFILE_BATCH, SAME_AS, SKIPPED, VERIFY_FAILED, base_entry
 from .rundir import Item
 
 
@@ -61,7 +61,7 @@ def check_alias(item: Item, ctx, candidates: List[Tuple[Item, dict]], convert: C
                 if cand_entry.get("status") != OK:
                     entry["error"] = f"same as {cand.out_stem}, which failed verification"
                 return entry
-        entry["profile"] = "batch"
+        entry["profile"] = PROFILE_BATCH
         res = convert(item, ctx, ckpt=ckpt)
         res["note"] = f"{C.CHECKPOINT_FILE} matches no step checkpoint: converted as its own entry"
         res["seconds"] = round(time.perf_counter() - t0, 3)

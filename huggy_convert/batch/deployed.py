@@ -24,9 +24,14 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
 from .. import contract as C
+from ..converter import load_policy
+from ..converter.reference import read_onnx
 from ..core.artifacts import ONNX, SAFETENSORS, SUFFIXES, sha256_bytes
 from ..core.files import read_input_file
 from ..errors import HuggyError, from_foreign
+from ..verify.checks import check_onnx_structure
+from ..verify.engine import compare_with_official
+from ..verify.report import FAIL
 from .manifest import DEPLOYED_FAILING as FAILING
 from .manifest import ERROR, OK, UNVERIFIED, VERIFY_FAILED
 from .rundir import Deployed, Item
@@ -112,12 +117,6 @@ def check_deployed(dep: Deployed, items: List[Item], results: Dict[str, dict], o
 def _by_content(entry: dict, dep: Deployed, cands: List[Item], results: Dict[str, dict], out: Path,
                 profile) -> None:
     """Checks 2-3 of each candidate's rebuilt ONNX (read back from OUT) against the deployed file."""
-    from ..converter import load_policy
-    from ..converter.reference import read_onnx
-    from ..verify.checks import check_onnx_structure
-    from ..verify.engine import compare_with_official
-    from ..verify.report import FAIL
-
     model = read_onnx(dep.path, "deployed ONNX")[0]
     tried, first_failure = 0, None
     for cand in cands:

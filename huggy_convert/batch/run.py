@@ -96,14 +96,17 @@ from ..core.artifacts import SUFFIXES, check_out, sha256_bytes, clean_stale_temp
 from ..core.files import read_input_file
 from ..core.version import __version__
 from ..errors import InputError, one_line
+from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
 from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
 from ..host import host_info
-from ..pipeline import ConvertOptions, convert_one
-from ..verify.engine import CHECK_IDS
+from ..pipeline import ConvertOptions, convert_one, default_reference, prepare_conversion
+from ..runtime import ort  # noqa: F401 (warm_up)
+from ..verify import VerifyOptions
+from ..verify.engine import CHECK_IDS, check_devices, check_tolerance_outputs, named_tolerances
 from .alias import check_alias
 from .deployed import check_deployed
 from .manifest import (CONVERTED, ERROR, FAILED, MANIFEST_CSV, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_JSON,
-                       MISSING, OK, SKIPPED, VERIFY_FAILED, Manifest, base_entry, best_entry, options_record, read_previous,
+                       MISSING, OK, PROFILE_FULL, SKIPPED, VERIFY_FAILED, Manifest, base_entry, best_entry, options_record, read_previous,
                        sha_file, summarize)
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .workers import Pool, default_jobs, shared
@@ -174,7 +177,7 @@ def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool
         return False
     if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.out_stem:
         return False
-    if item.newest and ctx.options.verify and prev.get("profile") != "full":
+    if item.newest and ctx.options.verify and prev.get("profile") != PROFILE_FULL:
         return False
     return _outputs_intact(ctx.out, prev)
 
@@ -210,7 +213,8 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
-                          profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
+                          profile=ctx.full if item.newest else ctx.light,
+                          notes=[NEWEST_NOTE if item.newest else profile_note(ctx.light)],
                           fsync=False, suggest_reference=False, check_tolerances=False)
         s = res.summary()
         decision = divisor_record(res.conversion.policy)  # (summary()'s is None without a normalizer)
@@ -250,17 +254,11 @@ def _alias_task(item: Item, candidates):
 
 
 def warm_up(items: List[Item], ctx: _Context) -> None:
-    """In the parent, before the workers fork: every module the work imports, and the ``.pt2``
-    template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
+    """In the parent, before the workers fork: the third-party modules the work imports (the package's
+    are this module's imports), and the ``.pt2`` template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
     are then paid once, not once per worker). A checkpoint that does not load is left to its task."""
     import onnxruntime  # noqa: F401
     import safetensors.torch  # noqa: F401
-
-    from .. import verify  # noqa: F401
-    from ..exporters import onnx_export, torch_module  # noqa: F401
-    from ..pipeline import default_reference, prepare_conversion
-    from ..runtime import ort  # noqa: F401
-    from ..verify import engine  # noqa: F401
 
     if not ctx.options.program or not items:
         return
@@ -274,20 +272,21 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
         pass
 
 
-def _profile_note(full: bool, ctx: _Context) -> str:
-    if full:
-        return "batch: newest checkpoint of its behavior, full verification profile"
-    lv = ctx.light
-    return (f"batch verification profile: checks 1-3 in full ({lv.rows} probe rows), module "
-            f"{'/'.join(lv.dtypes)} on {', '.join(lv.devices) if lv.devices else 'every device present'}, "
-            f"fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps; float16/bfloat16 and 128-step "
-            "fingerprints on the newest checkpoint only")
+NEWEST_NOTE = "batch: newest checkpoint of its behavior, full verification profile"
+
+
+def profile_note(light) -> str:
+    """The batch profile (``batch_profiles``' first) in words: the note of every report it verified
+    (a batch's, and ``verify OUT/``'s where the manifest records it)."""
+    return (f"batch verification profile: checks 1-3 in full ({light.rows} probe rows), module "
+            f"{'/'.join(light.dtypes)} on {', '.join(light.devices) if light.devices else 'every device present'}, "
+            f"fingerprints of {'/'.join(map(str, light.fingerprint_steps))} steps, no torch.export.load of the "
+            ".pt2 (check 6 compares its bytes); float16/bfloat16 and 128-step fingerprints on the newest "
+            "checkpoint only")
 
 
 def batch_profiles(options: ConvertOptions):
     """(batch profile, full profile) of VerifyOptions for a run directory."""
-    from ..verify import VerifyOptions
-
     full = options.verify_options or VerifyOptions()
     dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
     light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS,
@@ -350,8 +349,6 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
     if o.verify:
-        from ..verify.engine import check_devices
-
         check_devices(getattr(o.verify_options, "devices", None))
     found.warnings.extend(check_tolerances(items, o))
     make_dirs(out)
@@ -368,9 +365,6 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
     the spec of one checkpoint per behavior folder (the newest first; ML-Agents keeps one architecture
     per behavior within a run), read only when an option names an output. A name that is the output of
     some policies only applies to those (each other report notes it; returned: the warnings)."""
-    from ..pipeline import default_reference, prepare_conversion
-    from ..verify.engine import check_tolerance_outputs, named_tolerances
-
     if not named_tolerances(o.verify_options):
         return []
     groups: Dict[tuple, List[Item]] = {}
@@ -424,7 +418,7 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
               "options": options_record(o, light, full),
               "verification": {
                   "newest_of_each_behavior": "full profile (as a single conversion)",
-                  "others": _profile_note(False, _Context(out, o, light, full, {}, force, None)) if o.verify else None}}
+                  "others": profile_note(light) if o.verify else None}}
     previous, warn = read_previous(out, header) if not force else ({}, None)
     warns += [warn] if warn else []
     for w in warns:

@@ -32,6 +32,7 @@ import os
 import pickle
 import signal
 import sys
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from multiprocessing.connection import Pipe
 from multiprocessing.connection import wait as wait_conns
@@ -212,8 +213,6 @@ class Pool:
     def _run_processes(self, tasks, depth: int = 2):
         """Each worker holds up to ``depth`` tasks (the next one waits in its pipe while the parent
         handles a result); a worker that dies fails the task it had and its queued ones go back."""
-        from collections import deque
-
         queue = deque(enumerate(tasks))
         held: Dict[int, deque] = {slot: deque() for slot in self._procs}  # slot -> task indices, oldest first
         while queue or any(held.values()):
