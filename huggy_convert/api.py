@@ -27,6 +27,7 @@ from .batch.reverify import verify_dir
 from .pipeline import ConvertOptions, convert_one
 from .pipeline import to_checkpoint as _to_checkpoint
 from .runtime import complete_feed
+from .runtime.feeds import initial_memory
 from .verify import VerifyOptions
 
 __all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
@@ -140,15 +141,15 @@ class Session:
 
     def initial_state(self, rows: int = 1) -> Optional[np.ndarray]:
         """The memory at the start of an episode: zeros [rows, 1, memory_size], or None without memory."""
-        return np.zeros((rows, 1, self.spec.memory_size), np.float32) if self.spec.memory_size else None
+        return initial_memory(self.spec, rows)
 
     def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
-        feed = obs_feed(self.spec, obs)
         extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
         extra = {k: v for k, v in extra.items() if v is not None}
-        if extra:  # checked with the observations: names, widths, one number of rows
-            feed = obs_feed(self.spec, dict(feed, **extra))
-        return complete_feed(self.spec, feed)
+        if extra:  # checked with the observations (names, widths, one number of rows), by input name: arrays
+            # of rows are split into their observations first
+            obs = dict(obs if isinstance(obs, dict) else obs_feed(self.spec, obs), **extra)
+        return complete_feed(self.spec, obs_feed(self.spec, obs))
 
     def _state(self, out: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
         return out[C.RECURRENT_OUT] if self.spec.memory_size else None
@@ -201,10 +202,8 @@ class Session:
         >>> a.discrete.shape, a.discrete.dtype
         ((1, 2), dtype('int64'))
         """
-        feed = self._feed(obs, state, action_masks)
-        out = self.runner.sample(feed, seed)
-        next_state = self._state(self.runner.infer(feed)) if self.spec.memory_size else None
-        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), next_state
+        out = self.runner.sample(self._feed(obs, state, action_masks), seed)  # (with the next state)
+        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), self._state(out)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, {self.spec.family!r}, {self.runner.label})"
