@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import errors
 from ..converter import load_checkpoint, load_policy
+from ..converter.reference import read_onnx
 from ..core import torchcompat
 from ..core.artifacts import GOLDEN, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet
 from ..core.spec import PolicySpec
@@ -169,11 +170,11 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) 
             not_run[cid] = {"reason": f"{what} {reason}", "detail": detail}
             continue
         try:
-            if role == "official":
-                official, official_path = read_reference(path)[0], path
+            if role == "official":  # the bytes already read and hashed, validated as the file would be
+                official, official_path = read_reference(path, data=data)[0], path
                 read[rec["sha256"]] = (official, data)
             elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
-                model, data = read.get(rec["sha256"], (None, data))
+                model, data = read.get(rec["sha256"]) or read_onnx(path, "ONNX model", data=data)
                 ckpt = checkpoint_from_onnx(path, model, data)
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (both
