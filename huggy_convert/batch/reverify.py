@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import errors
+from .. import verify as stage  # stage.verify: looked up where it is defined, when a set is verified
 from ..converter import load_checkpoint, load_policy
 from ..converter.reference import read_onnx
 from ..core import torchcompat
@@ -21,7 +22,7 @@ from ..exporters.pt2 import ProgramWriter
 from ..importers import is_onnx_source, read_source
 from ..importers.from_onnx import checkpoint_from_onnx
 from ..pipeline import ConvertOptions, load_reference, read_reference
-from ..verify import Reference, VerifyOptions, verify, write_report
+from ..verify import Reference, VerifyOptions, write_report
 from ..verify.engine import (check_devices, check_tolerance_outputs, locate_source, named_tolerances,
                              read_record)
 from .manifest import MANIFEST_JSON, PROFILE_BATCH, PROFILE_FULL, recorded_profiles
@@ -201,8 +202,8 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
                              f"{arts.name(SAFETENSORS)} ({str(source_sha)[:12]}…)", ckpt.path)
     record = read_record(arts)
     ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, official, reference)
-    rep = verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
-                 options, subject=f"{s} ({folder})", writer=writer, record=record)
+    rep = stage.verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
+                       options, subject=f"{s} ({folder})", writer=writer, record=record)
     rep.notes.extend(notes)
     rep.recorded = record.raw
     rep.require_complete = require_complete
