@@ -11,6 +11,7 @@ The examples run as tests (``tests/test_api.py``) from the repository root, on t
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -26,6 +27,7 @@ from .batch.reverify import verify_dir
 from .pipeline import ConvertOptions, convert_one
 from .pipeline import to_checkpoint as _to_checkpoint
 from .runtime import complete_feed
+from .runtime.feeds import initial_memory
 from .verify import VerifyOptions
 
 __all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
@@ -67,7 +69,9 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     ``verify``: that is the ``huggy_convert.verify`` stage's package): every set
     under the folder ``out``, or the one set of a ``.safetensors`` file. Each set's files are read back and
     rebuilt from the ``.safetensors`` and compared byte for byte, each source found again by its recorded
-    sha256 re-runs checks 1-2, and each set's ``<stem>.verify.json`` is rewritten.
+    sha256 re-runs checks 1-2, and each set's ``<stem>.verify.json`` is rewritten. Each set gets the profile
+    its batch gave it (``OUT/manifest.json``; the full one where none is recorded), as on the command line;
+    a tolerance option naming an output of only some sets is a ``UserWarning``.
 
     Returns one ``Report`` per set (``.ok``, ``.verdict``, ``.first_failure()``).
 
@@ -82,8 +86,11 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     p, stem = Path(out), None
     if p.suffix == ".safetensors" and p.is_file():
         p, stem = p.parent, p.stem
-    return verify_dir(p, reference=reference, checkpoint=checkpoint, options=_verify_options(verify_options),
-                      stem=stem, require_complete=require_complete)
+    reports, notes = verify_dir(p, reference=reference, checkpoint=checkpoint, options=_verify_options(verify_options),
+                                stem=stem, require_complete=require_complete)
+    for note in notes:  # what the command line prints as a warning (each report notes it too)
+        warnings.warn(note, stacklevel=2)
+    return reports
 
 
 @dataclass
@@ -134,15 +141,15 @@ class Session:
 
     def initial_state(self, rows: int = 1) -> Optional[np.ndarray]:
         """The memory at the start of an episode: zeros [rows, 1, memory_size], or None without memory."""
-        return np.zeros((rows, 1, self.spec.memory_size), np.float32) if self.spec.memory_size else None
+        return initial_memory(self.spec, rows)
 
     def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
-        feed = obs_feed(self.spec, obs)
         extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
         extra = {k: v for k, v in extra.items() if v is not None}
-        if extra:  # checked with the observations: names, widths, one number of rows
-            feed = obs_feed(self.spec, dict(feed, **extra))
-        return complete_feed(self.spec, feed)
+        if extra:  # checked with the observations (names, widths, one number of rows), by input name: arrays
+            # of rows are split into their observations first
+            obs = dict(obs if isinstance(obs, dict) else obs_feed(self.spec, obs), **extra)
+        return complete_feed(self.spec, obs_feed(self.spec, obs))
 
     def _state(self, out: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
         return out[C.RECURRENT_OUT] if self.spec.memory_size else None
@@ -195,10 +202,8 @@ class Session:
         >>> a.discrete.shape, a.discrete.dtype
         ((1, 2), dtype('int64'))
         """
-        feed = self._feed(obs, state, action_masks)
-        out = self.runner.sample(feed, seed)
-        next_state = self._state(self.runner.infer(feed)) if self.spec.memory_size else None
-        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), next_state
+        out = self.runner.sample(self._feed(obs, state, action_masks), seed)  # (with the next state)
+        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), self._state(out)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, {self.spec.family!r}, {self.runner.label})"

@@ -16,8 +16,9 @@ from typing import Optional, Union
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
 EXIT_BAD_INPUT = 2
-# 3: EXIT_INTERNAL (below); 130: interrupted (cli.EXIT_INTERRUPTED)
+# 3: EXIT_INTERNAL (below)
 EXIT_INCOMPLETE = 4  # verify OUT/: a partial PASS (checks not run, e.g. the checkpoint moved); 1 with --require-complete
+EXIT_INTERRUPTED = 130  # Ctrl-C (the CLI, a batch's worker): 128 + SIGINT, as shells report it
 MAX_PATH_CHARS = 160  # of the file named in the one line (a 255-byte name, a deep path)
 MAX_MESSAGE_CHARS = 400  # of the reason: a message quoting the input never prints MBs
 
@@ -138,10 +139,16 @@ def describe(exc: BaseException, limit: int = MAX_QUOTE) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
 
 
+def as_error(exc: BaseException, path: Optional[Union[str, Path]] = None) -> HuggyError:
+    """Any exception as a typed error of the one taxonomy (``from_foreign``: the file a foreign error
+    names, else ``path``)."""
+    return from_foreign(exc, getattr(exc, "filename", None) or path)
+
+
 def one_line(exc: BaseException, path: Optional[Union[str, Path]] = None) -> str:
-    """Any exception as the one line of the one taxonomy (``from_foreign``: the file a foreign error
-    names, else ``path``), without the ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
-    return from_foreign(exc, getattr(exc, "filename", None) or path).one_line()
+    """Any exception as the one line of the one taxonomy (:func:`as_error`), without the
+    ``huggy-convert: error:`` prefix (:func:`error_line` adds it)."""
+    return as_error(exc, path).one_line()
 
 
 def error_line(error: Union[HuggyError, str]) -> str:

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from conftest import HUGGY_RUN, ROOT, VARIANTS, run_cli, step_checkpoints
 
 from huggy_convert.core.version import __version__
-from huggy_convert.batch import MANIFEST_CSV, MANIFEST_JSON
+from huggy_convert.batch.manifest import MANIFEST_CSV, MANIFEST_JSON
 from huggy_convert.cli import main
 
 ARTIFACT_SUFFIXES = (".safetensors", ".onnx", ".pt2", ".verify.json", ".golden.npz")

@@ -79,15 +79,9 @@ DEFERRED = {
     "ctypes": "only where a worker's parent-death signal is set (Linux)",
 }
 
-# Files being rewritten on another branch (into the cli/ and batch/ packages; modes/__init__.py's
-# ``register`` adds modes/commands.py's commands to the CLI): their function-local imports are not yet
-# held to the rule; the lead empties this set as they merge. Cycles and climbing imports are checked
-# everywhere, these files included.
 # the root package's lazy public API (PEP 562 ``__getattr__``): ``import huggy_convert`` stays free of torch
 # and onnx; the root is the top layer, so its one deferred import can hide no cycle
-LAZY_ROOT = {"__init__.py"}
-NOT_YET_LOCAL: Set[str] = {
-                           "cli/", "batch/"}  # a name ending in / : every file under it
+LAZY_ROOT = {"__init__.py"}  # a name ending in / would exempt every file under it
 
 
 def _modules(package: Path) -> Dict[str, Tuple[Path, bool]]:
@@ -292,7 +286,7 @@ def test_no_import_climbs_a_layer(package):
 
 def test_function_local_imports_are_deferred_dependencies_only(package):
     modules, found = package
-    bad = function_local(modules, found, exempt=NOT_YET_LOCAL | LAZY_ROOT)
+    bad = function_local(modules, found, exempt=LAZY_ROOT)
     assert not bad, f"{len(bad)} function-local imports:\n" + "\n".join(bad)
 
 

@@ -3,7 +3,6 @@ tensors bitwise equal to those of the step file with its global step, else of th
 step) and recorded as ``same_as`` that entry; one that matches none is converted as its own entry."""
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
@@ -11,9 +10,10 @@ from typing import Callable, List, Optional, Tuple
 from ..core.version import __version__
 from .. import contract as C
 from ..converter import load_checkpoint
+from ..core.artifacts import sha256_bytes
 from ..core.files import read_input_file
 from ..errors import HuggyError, one_line
-from .manifest import CHECKED, ERROR, FAILED, OK, SAME_AS, SKIPPED, VERIFY_FAILED, base_entry
+from .manifest import CHECKED, ERROR, FAILED, OK, PROFILE_BATCH, SAME_AS, SKIPPED, VERIFY_FAILED, base_entry
 from .rundir import Item
 
 
@@ -32,7 +32,7 @@ def check_alias(item: Item, ctx, candidates: List[Tuple[Item, dict]], convert: C
     entry = base_entry(item)
     try:
         data = read_input_file(item.path)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sha256_bytes(data)
         entry.update(source_sha256=sha, source_bytes=len(data))
         prev = ctx.previous.get(item.rel)
         if (not ctx.force and prev and prev.get("status") == SAME_AS and prev.get("source_sha256") == sha
@@ -61,7 +61,7 @@ def check_alias(item: Item, ctx, candidates: List[Tuple[Item, dict]], convert: C
                 if cand_entry.get("status") != OK:
                     entry["error"] = f"same as {cand.out_stem}, which failed verification"
                 return entry
-        entry["profile"] = "batch"
+        entry["profile"] = PROFILE_BATCH
         res = convert(item, ctx, ckpt=ckpt)
         res["note"] = f"{C.CHECKPOINT_FILE} matches no step checkpoint: converted as its own entry"
         res["seconds"] = round(time.perf_counter() - t0, 3)

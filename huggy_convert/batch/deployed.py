@@ -15,23 +15,27 @@ it equals by content, as the manifest's ``deployed`` entries:
 Candidates are the behavior's step checkpoints in the same run: the step training_status.json names
 as ``final_checkpoint`` first, then the newest, then the others, newest first. A deployed ONNX that
 equals none of them is a failed verification (exit 1); one that cannot be read (a Git-LFS pointer:
-``converter.checkpoint.read_input_file``) an error naming it; the checkpoints go on either way.
+``core.files.read_input_file``) an error naming it; the checkpoints go on either way.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional
 
 from .. import contract as C
-from ..core.artifacts import ONNX, SAFETENSORS, SUFFIXES
+from ..converter import load_policy
+from ..converter.reference import read_onnx
+from ..core.artifacts import ONNX, SAFETENSORS, SUFFIXES, sha256_bytes
 from ..core.files import read_input_file
 from ..errors import HuggyError, from_foreign
+from ..verify.checks import check_onnx_structure
+from ..verify.engine import compare_with_official
+from ..verify.report import FAIL
+from .manifest import DEPLOYED_FAILING as FAILING
+from .manifest import ERROR, OK, UNVERIFIED, VERIFY_FAILED
 from .rundir import Deployed, Item
 
-OK, VERIFY_FAILED, ERROR, UNVERIFIED = "ok", "verify_failed", "error", "unverified"
-FAILING = (VERIFY_FAILED, ERROR)
 BY_BYTES, BY_CONTENT = "bytes", "content"
 
 
@@ -46,7 +50,7 @@ def candidates(dep: Deployed, items: List[Item]) -> List[Item]:
 
 def _sha(path: Path) -> Optional[str]:
     try:
-        return hashlib.sha256(read_input_file(path, "ONNX model")).hexdigest()
+        return sha256_bytes(read_input_file(path, "ONNX model"))
     except HuggyError:
         return None
 
@@ -79,7 +83,7 @@ def check_deployed(dep: Deployed, items: List[Item], results: Dict[str, dict], o
     entry: dict = {"source": dep.rel, "behavior": dep.behavior, "kind": "deployed", "final_step": dep.final_step}
     try:
         data = read_input_file(dep.path, "ONNX model")
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sha256_bytes(data)
         entry.update(sha256=sha, bytes=len(data))
         data = None
         cands = candidates(dep, items)
@@ -113,12 +117,6 @@ def check_deployed(dep: Deployed, items: List[Item], results: Dict[str, dict], o
 def _by_content(entry: dict, dep: Deployed, cands: List[Item], results: Dict[str, dict], out: Path,
                 profile) -> None:
     """Checks 2-3 of each candidate's rebuilt ONNX (read back from OUT) against the deployed file."""
-    from ..converter import load_policy
-    from ..converter.reference import read_onnx
-    from ..verify.checks import check_onnx_structure
-    from ..verify.engine import compare_with_official
-    from ..verify.report import FAIL
-
     model = read_onnx(dep.path, "deployed ONNX")[0]
     tried, first_failure = 0, None
     for cand in cands:

@@ -5,7 +5,6 @@ what this run did with it, its outputs' sha256 and its verdict's key figures), t
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import os
@@ -17,10 +16,9 @@ from typing import Dict, List, Optional, Tuple
 
 from ..core.version import __version__
 from .. import contract as C
-from ..core.artifacts import SUFFIXES
-from ..core.files import atomic_write_bytes
-from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED
-from .deployed import FAILING as DEPLOYED_FAILING
+from ..core.artifacts import SUFFIXES, sha256_bytes
+from ..core.files import atomic_write_bytes, read_input_file
+from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
 from .rundir import Item
 
 
@@ -34,7 +32,11 @@ except ValueError:
     MANIFEST_INTERVAL_S = 1.0
 # entry status (what the out directory holds) and what this run did with it
 OK, VERIFY_FAILED, ERROR, MISSING, SAME_AS = "ok", "verify_failed", "error", "missing", "same_as"
+# the verification profile an entry got (``batch.run.batch_profiles``), as the manifest records it
+PROFILE_BATCH, PROFILE_FULL = "batch", "full"
 CONVERTED, SKIPPED, FAILED, CHECKED = "converted", "skipped", "failed", "checked"
+UNVERIFIED = "unverified"  # a deployed ONNX (batch.deployed) not compared by content (--no-verify)
+DEPLOYED_FAILING = (VERIFY_FAILED, ERROR)  # a deployed ONNX's statuses that fail the batch
 KINDS = tuple(SUFFIXES.items())
 
 
@@ -58,8 +60,8 @@ def _fsync_dir(path: Path) -> None:
 
 def sha_file(path: Path) -> Optional[str]:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return sha256_bytes(read_input_file(path, "output file"))
+    except HuggyError:
         return None
 
 
@@ -76,7 +78,7 @@ def base_entry(item: Item) -> dict:
     return {"source": item.rel, "behavior": item.behavior, "step": item.step, "reward": item.reward,
             C.STATUS_CREATION_TIME: item.creation_time, f"{C.STATUS_CREATION_TIME}_utc": _iso(item.creation_time),
             "listed": item.listed, "kind": item.kind, "stem": item.out_stem,
-            "profile": ("full" if item.newest else "batch") if item.kind != "checkpoint" else None,
+            "profile": (PROFILE_FULL if item.newest else PROFILE_BATCH) if item.kind != "checkpoint" else None,
             "tool_version": __version__}
 
 
@@ -198,7 +200,7 @@ def options_record(o: ConvertOptions, light, full) -> dict:
 
 
 def recorded_profiles(out: Path) -> Dict[str, str]:
-    """``<stem path below OUT>`` -> the profile its batch gave it (``batch`` / ``full``), from
+    """``<stem path below OUT>`` -> the profile its batch gave it (``PROFILE_BATCH`` / ``PROFILE_FULL``), from
     ``OUT/manifest.json`` when a batch wrote one (else empty: every set gets the full profile)."""
     p = out / MANIFEST_JSON
     try:
@@ -208,4 +210,4 @@ def recorded_profiles(out: Path) -> Dict[str, str]:
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         return {}
     return {e["stem"]: e["profile"] for e in doc.get("checkpoints", [])
-            if isinstance(e, dict) and isinstance(e.get("stem"), str) and e.get("profile") in ("batch", "full")}
+            if isinstance(e, dict) and isinstance(e.get("stem"), str) and e.get("profile") in (PROFILE_BATCH, PROFILE_FULL)}

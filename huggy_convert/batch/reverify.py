@@ -3,23 +3,34 @@ the sources its report records and the profile its batch gave it, over the batch
 worker returns the report (or the error) as data."""
 from __future__ import annotations
 
+import json
 import os
+import struct
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..converter import load_checkpoint
+from .. import errors
+from .. import verify as stage  # stage.verify: looked up where it is defined, when a set is verified
+from ..converter import load_checkpoint, load_policy
+from ..converter.reference import read_onnx
 from ..core import torchcompat
 from ..core.artifacts import GOLDEN, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet
-from ..errors import HuggyError, InputError, from_foreign
+from ..core.spec import PolicySpec
+from ..errors import HuggyError, InputError, PolicyFileError, as_error
 from ..exporters.pt2 import ProgramWriter
 from ..importers import is_onnx_source, read_source
+from ..importers.from_onnx import checkpoint_from_onnx
 from ..pipeline import ConvertOptions, load_reference, read_reference
-from .manifest import MANIFEST_JSON, recorded_profiles
-from .run import START, WARNING, batch_profiles
+from ..verify import Reference, VerifyOptions, write_report
+from ..verify.engine import (check_devices, check_tolerance_outputs, locate_source, named_tolerances,
+                             read_record)
+from .manifest import MANIFEST_JSON, PROFILE_BATCH, PROFILE_FULL, recorded_profiles
+from .run import START, WARNING, batch_profiles, profile_note
 from .workers import Pool, default_jobs, shared
 
 VERIFIED = "verified"  # verify_out's event: data, one set's record (WARNING and START as run_batch's)
+RECORDED = "recorded"  # the profile choice that gives each set the one its batch gave it (else PROFILE_FULL)
 
 
 def _artifact_folders(out: Path) -> List[Path]:
@@ -33,21 +44,44 @@ def _artifact_folders(out: Path) -> List[Path]:
 
 
 def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None,
-               require_complete: bool = False):
-    """Re-verify the files already in ``out_dir`` and the folders below it (one report per
-    ``<stem>.safetensors``), in this process. (``verify_out``: the same over a worker pool.)"""
-    sets, official, ckpt, _ = verify_sets(out_dir, reference, checkpoint, options, stem)
-    writer = ProgramWriter(fast=True)
-    return [verify_set(folder, s, official, ckpt, reference, options, writer, require_complete=require_complete)
-            for folder, s in sets]
+               require_complete: bool = False, profile: str = RECORDED) -> Tuple[list, List[str]]:
+    """``verify OUT/`` in this process: the files already in ``out_dir`` and the folders below it
+    re-verified (one report per ``<stem>.safetensors``), each set with the profile ``verify_plan``
+    gives it (the one its batch recorded, as ``verify_out``), torch's warnings silenced as there.
+    Returns the reports, in order, and the warnings (a tolerance option's; the reports note it too).
+    (``verify_out``: the same over a worker pool.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's (recorded_sources loads with quiet_warnings=False)
+        sets, profiles, official, ckpt, warns = verify_plan(out_dir, reference, checkpoint, options, stem, profile)
+        writer = ProgramWriter(fast=True)
+        reports = [verify_set(folder, s, official, ckpt, reference, opts, writer, notes=[note] if note else (),
+                              require_complete=require_complete)
+                   for (folder, s), (opts, note, _) in zip(sets, profiles)]
+    return reports, warns
+
+
+def verify_plan(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None,
+                profile: str = RECORDED):
+    """What both drivers of ``verify OUT/`` run (``verify_dir``, ``verify_out``): ``verify_sets``' sets,
+    official ONNX, checkpoint and warnings, and for each set (its options, the note its report gets,
+    the profile's name): with ``profile`` ``RECORDED``, the batch profile where ``OUT/manifest.json``
+    records it (``batch_profiles``, noted), else the full one (``options``)."""
+    sets, official, ckpt, warns = verify_sets(out_dir, reference, checkpoint, options, stem)
+    out = Path(out_dir)
+    full = options or VerifyOptions()
+    light, _ = batch_profiles(ConvertOptions(verify_options=full))
+    recorded = recorded_profiles(out) if profile == RECORDED else {}
+    note = (f"re-verified with the profile {MANIFEST_JSON} records for it, the {profile_note(light)}; "
+            "'verify --profile full' for the full one")
+    profiles = [(light, note, PROFILE_BATCH) if recorded.get(_subject(out, f, s)) == PROFILE_BATCH
+                else (full, None, PROFILE_FULL) for f, s in sets]
+    return sets, profiles, official, ckpt, warns
 
 
 def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Optional[str] = None):
     """What ``verify OUT/`` checks: the ``(folder, stem)`` sets, the official ONNX, the checkpoint, and
     warnings. A tolerance option naming an output of none of the sets is refused here, before any report
     is rewritten (``verify.engine.check_tolerance_outputs``; one naming an output of some: a warning)."""
-    from ..verify.engine import check_devices, check_tolerance_outputs, named_tolerances
-
     check_devices(getattr(options, "devices", None))
     out = Path(out_dir)
     if not out.is_dir():
@@ -55,17 +89,17 @@ def verify_sets(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     sets = [(out, stem)] if stem else [(d, s) for d in _artifact_folders(out) for s in _stems(d)]
     if not sets:
         raise InputError(f"no {SUFFIXES[SAFETENSORS]} policy to verify (run 'huggy-convert CKPT {out}' first)", out)
-    warnings: List[str] = []
+    warns: List[str] = []
     if named_tolerances(options):
         specs = []
         for folder, s in sets:
             spec = _spec_of(ArtifactSet(folder, s).path(SAFETENSORS))
             if spec is not None:  # one that does not read is its own set's verdict
                 specs.append((_subject(out, folder, s), spec))
-        warnings = check_tolerance_outputs(options, specs)
+        warns = check_tolerance_outputs(options, specs)
     official = load_reference(Path(reference)) if reference else None
     ckpt = read_source(checkpoint) if checkpoint else None
-    return sets, official, ckpt, warnings
+    return sets, official, ckpt, warns
 
 
 def _stems(folder: Path) -> List[str]:
@@ -86,36 +120,44 @@ def _subject(out: Path, folder: Path, stem: str) -> str:
         return stem
 
 
-def _spec_of(path: Path):
-    """The spec a canonical file's metadata states (its header only), or None where it does not read."""
-    import json
-    import struct
-
-    from ..core.spec import PolicySpec
-
+def _metadata(path: Path) -> Dict[str, str]:
+    """A canonical file's metadata from its header alone (the tensors are not read); a
+    ``PolicyFileError`` where the header does not read."""
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > min(os.fstat(f.fileno()).st_size, 100 << 20):
-                return None
+                raise ValueError(f"header of {n} bytes")
             md = json.loads(f.read(n)).get("__metadata__") or {}
-        return PolicySpec.from_json(md["spec"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error, RecursionError, HuggyError):
+        if not isinstance(md, dict):
+            raise ValueError("metadata is not a map")
+        return md
+    except (OSError, ValueError, AttributeError, struct.error, RecursionError) as exc:
+        raise PolicyFileError(f"not a readable safetensors header ({type(exc).__name__})", path) from None
+
+
+def _spec_of(path: Path):
+    """The spec a canonical file's metadata states (its header only), or None where it does not read."""
+    try:
+        return PolicySpec.from_json(_metadata(path)["spec"])
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, HuggyError):
         return None
 
 
-def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
+def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) -> tuple:
     """For a re-verification without ``--checkpoint`` / ``--reference``: the checkpoint and the official
     ONNX its conversion read, where they still are with the sha256 the report records
     (``verify.engine.locate_source``: relative to the set's folder, then the absolute path), and for
-    each of checks 1-2 that cannot run as the conversion ran it, why (``Reference.not_run``).
+    each of checks 1-2 that cannot run as the conversion ran it, why (``Reference.not_run``). Each file
+    is read once: the bytes ``locate_source`` read and hashed are the ones loaded, and a policy
+    recovered from its own official ONNX (both records one sha256) takes the model read for check 2.
+    ``ckpt`` / ``official`` (``reference``: the official's path): given, they are used as they are.
     Returns (checkpoint, official model, official path, not_run)."""
-    from ..verify.engine import locate_source
-
     not_run: Dict[str, Dict[str, str]] = {}
-    official_path = None
-    roles = (("checkpoint", "safetensors", "checkpoint"), ("official", "official", "official ONNX"))
-    for role, cid, what in roles:
+    official_path = Path(reference) if official is not None and reference else None
+    read: Dict[str, tuple] = {}  # sha256 -> the official (model, bytes) read here
+    roles = (("official", "official", "official ONNX"), ("checkpoint", "safetensors", "checkpoint"))
+    for role, cid, what in roles:  # the official first: a policy recovered from it reuses its model
         if (ckpt if role == "checkpoint" else official) is not None:
             continue
         if role not in record.sources:  # no record: what the conversion read is unknown
@@ -129,15 +171,18 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official) -> tuple:
             not_run[cid] = {"reason": f"{what} {reason}", "detail": detail}
             continue
         try:
-            if role == "official":
-                official, official_path = read_reference(path)[0], path
-            elif is_onnx_source(path):  # a policy recovered from an ONNX (converter.from_onnx)
-                ckpt = read_source(path)
+            if role == "official":  # the bytes already read and hashed, validated as the file would be
+                official, official_path = read_reference(path, data=data)[0], path
+                read[rec["sha256"]] = (official, data)
+            elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
+                model, data = read.get(rec["sha256"]) or read_onnx(path, "ONNX model", data=data)
+                ckpt = checkpoint_from_onnx(path, model, data)
             else:  # the bytes already read and hashed: the file is read once
-                ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (verify_out
-                # silences them for the whole pool: catch_warnings is not thread-safe)
+                ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (both
+                # drivers silence torch's warnings around the whole run: catch_warnings is not thread-safe)
         except InputError as exc:
             not_run[cid] = {"reason": f"{what} does not load", "detail": exc.one_line()}
+    not_run = {cid: not_run[cid] for cid in ("safetensors", "official") if cid in not_run}  # checks 1-2 in order
     return ckpt, official, official_path, not_run
 
 
@@ -146,25 +191,19 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
     """Re-verify one set ``folder/<s>.*`` and rewrite its report; returns the report. Without
     ``ckpt`` / ``official`` (``--checkpoint`` / ``--reference``), checks 1-2 run on the sources its
     report records where they are still there, unchanged; otherwise the report says which checks were
-    not run and why (``Report.not_run``: exit 4, or a failure with ``require_complete``). The rewritten
+    not run and why (``Report.not_run``: exit 4, or a failure with ``require_complete``). A ``ckpt``
+    whose sha256 is not the one the ``.safetensors`` header records is refused. The rewritten
     report keeps the record of the conversion."""
-    from ..verify import Reference, verify, write_report
-    from ..verify.engine import read_record
-
     arts = ArtifactSet(folder, s)
     if ckpt is not None and arts.exists(SAFETENSORS):  # (a missing one fails check 1 below)
-        from ..converter import load_policy
-
-        source_sha = load_policy(arts.path(SAFETENSORS)).metadata.get("source_sha256", "")
+        source_sha = _metadata(arts.path(SAFETENSORS)).get("source_sha256", "")
         if ckpt.sha256 != source_sha:
             raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
-                             f"{arts.name(SAFETENSORS)} ({source_sha[:12]}…)", ckpt.path)
+                             f"{arts.name(SAFETENSORS)} ({str(source_sha)[:12]}…)", ckpt.path)
     record = read_record(arts)
-    ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, official)
-    if official is not None:
-        official_model, official_path = official, Path(reference) if reference else None
-    rep = verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
-                 options, subject=f"{s} ({folder})", writer=writer, record=record)
+    ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, official, reference)
+    rep = stage.verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
+                       options, subject=f"{s} ({folder})", writer=writer, record=record)
     rep.notes.extend(notes)
     rep.recorded = record.raw
     rep.require_complete = require_complete
@@ -172,19 +211,14 @@ def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer,
     return rep
 
 
-RECORDED, FULL = "recorded", "full"
-
-
 def _error_record(exc: BaseException, subject) -> dict:
-    err = exc if isinstance(exc, HuggyError) else from_foreign(exc, getattr(exc, "filename", None) or subject)
+    err = as_error(exc, subject)
     return {"error": {"type": type(err).__name__, "message": err.message, "path": err.path,
                       "exit_code": err.exit_code, "line": err.one_line()}}
 
 
 def raise_error_record(rec: dict) -> None:
     """A worker's error raised here as the same type of the one taxonomy."""
-    from .. import errors
-
     cls = getattr(errors, rec["type"], None)
     if not (isinstance(cls, type) and issubclass(cls, HuggyError)):
         cls = HuggyError
@@ -198,7 +232,7 @@ def _verify_task(i: int) -> dict:
     line to print) or the error as data."""
     st = shared()
     folder, stem = st["sets"][i]
-    opts, note = st["profiles"][i]
+    opts, note, profile = st["profiles"][i]
     try:
         rep = verify_set(folder, stem, st["official"], st["ckpt"], st["reference"], opts, st["writer"],
                          notes=[note] if note else (), require_complete=st["require_complete"])
@@ -206,7 +240,7 @@ def _verify_task(i: int) -> dict:
         return _error_record(exc, folder / stem)
     return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
             "subject": rep.subject, "render": rep.render() if st["render"] else None,
-            "profile": "batch" if note else "full", "complete": rep.complete, "not_run": rep.not_run,
+            "profile": profile, "complete": rep.complete, "not_run": rep.not_run,
             "incomplete": rep.incomplete()}
 
 
@@ -214,47 +248,28 @@ def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optiona
                profile: str = RECORDED, render: bool = False, processes: bool = True, require_complete: bool = False,
                events: Callable[[str, object], None] = lambda kind, data: None) -> Tuple[List[dict], str]:
     """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
-    forked after the imports and the ``.pt2`` template's trace). ``profile``: ``recorded`` gives each
-    set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``,
-    for all but the newest checkpoint of each behavior), ``full`` the full profile to every set.
+    forked after the imports and the ``.pt2`` template's trace), each with what ``verify_plan`` gives
+    it: ``profile`` ``RECORDED`` gives each set the profile its batch gave it (``OUT/manifest.json``:
+    the batch profile, ``batch_profiles``, for all but the newest checkpoint of each behavior),
+    ``PROFILE_FULL`` the full profile to every set.
     Each set re-runs checks 1-2 on the sources its report records (``verify_set``);
-    ``require_complete``: a set where some could not run fails.
+    ``require_complete``: a set where some could not run fails. torch's warnings are silenced for the
+    whole pool (``verify_dir``: the same in this process).
     Returns one record per set, in order (``report``: the full tree as data, ``complete`` and
     ``not_run``: the checks not run and why; or ``error``), and the pool's description; ``events``:
     the warnings first (a tolerance option's; the reports note it too), then ``START`` (the count) and
     each set's record as it is done."""
     import torch
 
-    from ..verify import VerifyOptions
-
-    sets, official, ckpt, warns = verify_sets(out, reference, checkpoint, options)
+    sets, profiles, official, ckpt, warns = verify_plan(out, reference, checkpoint, options, profile=profile)
     for w in warns:
         events(WARNING, w)
-    out = Path(out)
-    full = options or VerifyOptions()
-    light, _ = batch_profiles(ConvertOptions(verify_options=full))
-    recorded = recorded_profiles(out) if profile == RECORDED else {}
-    lv = light
-    light_note = (f"re-verified with the batch profile {MANIFEST_JSON} records for it: {lv.rows} probe rows, "
-                  f"module {'/'.join(lv.dtypes)}, fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps, "
-                  "no torch.export.load (check 6 compares the .pt2's bytes); 'verify --profile full' for the full one")
-
-    def rel(folder: Path, stem: str) -> str:
-        try:
-            return (folder.relative_to(out) / stem).as_posix()
-        except ValueError:
-            return stem
-
-    profiles = [(light, light_note) if recorded.get(rel(f, s)) == "batch" else (full, None) for f, s in sets]
     jobs = max(1, min(int(jobs or default_jobs()), len(sets)))
     writer = ProgramWriter(fast=True)
     state = {"sets": sets, "profiles": profiles, "official": official, "ckpt": ckpt, "reference": reference,
              "writer": writer, "render": render, "require_complete": require_complete}
 
     def warm():
-        from ..converter import load_policy
-        from ..verify import engine  # noqa: F401
-
         try:  # the .pt2 template of the first set's architecture, traced once here
             writer.program_bytes(load_policy(_safetensors_path(sets[0])))
             torchcompat.preload_export()

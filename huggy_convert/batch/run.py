@@ -67,8 +67,8 @@ Idempotent and resumable
     redoes it). Every file is written under ``.<name>.<random>.tmp`` and renamed; the manifest is
     rewritten that way (and fsynced) every ``HUGGY_CONVERT_MANIFEST_INTERVAL`` seconds (default 1)
     and at the end; stale ``.*.tmp`` files of a killed run (of the names it writes:
-    ``artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
-    ``OUT/.manifest.json.lock`` (``artifacts.locked``; taking it also proves OUT writable before any
+    ``core.artifacts.clean_stale_temporaries``) are removed first. One batch at a time holds
+    ``OUT/.manifest.json.lock`` (``core.artifacts.locked``; taking it also proves OUT writable before any
     work), and each checkpoint's set is written under its stem's lock, as a single conversion's. After a ``kill -9``
     a rerun skips what the manifest holds and redoes the rest, with the same bytes (artifacts and
     reports are deterministic: one torch thread, and nothing in them depends on the order).
@@ -80,7 +80,6 @@ missing file or failed verification), 2 nothing could be converted, or no checkp
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 import warnings
@@ -89,21 +88,25 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .. import contract as C
+from ..converter import load_checkpoint
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record
 from ..core import torchcompat
-from ..core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
+from ..core.artifacts import SUFFIXES, check_out, sha256_bytes, clean_stale_temporaries, locked, make_dirs
 from ..core.files import read_input_file
 from ..core.version import __version__
 from ..errors import InputError, one_line
+from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
 from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
 from ..host import host_info
-from ..pipeline import ConvertOptions, convert_one
-from ..verify.engine import CHECK_IDS
+from ..pipeline import ConvertOptions, convert_one, default_reference, prepare_conversion
+from ..runtime import ort  # noqa: F401 (warm_up)
+from ..verify import VerifyOptions
+from ..verify.engine import CHECK_IDS, check_devices, check_tolerance_outputs, named_tolerances
 from .alias import check_alias
 from .deployed import check_deployed
 from .manifest import (CONVERTED, ERROR, FAILED, MANIFEST_CSV, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_JSON,
-                       MISSING, OK, SKIPPED, VERIFY_FAILED, Manifest, base_entry, best_entry, options_record, read_previous,
+                       MISSING, OK, PROFILE_FULL, SKIPPED, VERIFY_FAILED, Manifest, base_entry, best_entry, options_record, read_previous,
                        sha_file, summarize)
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
 from .workers import Pool, default_jobs, shared
@@ -111,14 +114,6 @@ from .workers import Pool, default_jobs, shared
 
 BATCH_ROWS = 16
 BATCH_FINGERPRINT_STEPS = (16,)
-
-
-def read_checkpoint(path: Path, data: bytes, sha256: str):
-    """``converter.load_checkpoint`` from bytes already read (and hashed): the file is read once.
-    (torch's warnings are silenced for the whole batch by run_batch: catch_warnings is not thread-safe.)"""
-    from ..converter import load_checkpoint
-
-    return load_checkpoint(path, data=data, sha256=sha256, quiet_warnings=False)
 
 
 def _key_figures(rep_dict: dict) -> dict:
@@ -182,7 +177,7 @@ def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool
         return False
     if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.out_stem:
         return False
-    if item.newest and ctx.options.verify and prev.get("profile") != "full":
+    if item.newest and ctx.options.verify and prev.get("profile") != PROFILE_FULL:
         return False
     return _outputs_intact(ctx.out, prev)
 
@@ -203,24 +198,27 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
     try:
         if ckpt is None:
             data = read_input_file(item.path)
-            sha = hashlib.sha256(data).hexdigest()
+            sha = sha256_bytes(data)
             entry.update(source_sha256=sha, source_bytes=len(data))
             prev = ctx.previous.get(item.rel)
             if _can_skip(prev, sha, item, ctx):
                 entry = _skipped(entry, prev)
                 entry["seconds_this_run"] = round(time.perf_counter() - t0, 3)
                 return entry
-            ckpt = read_checkpoint(item.path, data, sha)
+            # the bytes already read and hashed: the file is read once (torch's warnings are silenced
+            # for the whole batch by run_batch: catch_warnings is not thread-safe)
+            ckpt = load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
             data = None
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
-                          profile=ctx.full if item.newest else ctx.light, notes=[_profile_note(item.newest, ctx)],
+                          profile=ctx.full if item.newest else ctx.light,
+                          notes=[NEWEST_NOTE if item.newest else profile_note(ctx.light)],
                           fsync=False, suggest_reference=False, check_tolerances=False)
-        spec = res.conversion.policy.spec
-        decision = divisor_record(res.conversion.policy)
-        entry["spec"] = spec.summary()
+        s = res.summary()
+        decision = divisor_record(res.conversion.policy)  # (summary()'s is None without a normalizer)
+        entry["spec"] = s["spec"]
         entry["reference"] = res.reference.name if res.reference else None
         entry["divisor"] = dict(decision, summary=describe_divisor(decision))
         entry["outputs"] = {k: dict(a, file=f"{item.sub}/{a['file']}" if item.sub else a["file"])
@@ -228,12 +226,12 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         entry["status"] = OK
         rep = res.report
         if rep is not None:
-            v = {"verdict": rep.verdict, "ok": rep.ok, "first_failure": rep.first_failure()}
+            v = dict(s["verify"])  # verdict, ok, first_failure
             v.update(_key_figures(rep.to_dict()))
             entry["verify"] = v
-            if not rep.ok:
+            if not v["ok"]:
                 entry["status"] = VERIFY_FAILED
-                entry["error"] = f"verification failed: {rep.first_failure()}"
+                entry["error"] = f"verification failed: {v['first_failure']}"
         entry["run"] = CONVERTED if entry["status"] == OK else FAILED
     except Exception as exc:  # one bad checkpoint never stops the others
         entry.update(status=ERROR, run=FAILED, error=one_line(exc, item.path))
@@ -256,23 +254,17 @@ def _alias_task(item: Item, candidates):
 
 
 def warm_up(items: List[Item], ctx: _Context) -> None:
-    """In the parent, before the workers fork: every module the work imports, and the ``.pt2``
-    template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
+    """In the parent, before the workers fork: the third-party modules the work imports (the package's
+    are this module's imports), and the ``.pt2`` template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
     are then paid once, not once per worker). A checkpoint that does not load is left to its task."""
     import onnxruntime  # noqa: F401
     import safetensors.torch  # noqa: F401
-
-    from .. import verify  # noqa: F401
-    from ..exporters import onnx_export, torch_module  # noqa: F401
-    from ..pipeline import default_reference, prepare_conversion
-    from ..runtime import ort  # noqa: F401
-    from ..verify import engine  # noqa: F401
 
     if not ctx.options.program or not items:
         return
     try:
         it = items[0]
-        ckpt = read_checkpoint(it.path, read_input_file(it.path), "")
+        ckpt = load_checkpoint(it.path, quiet_warnings=False)  # (its sha256 is not needed here)
         prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
         ctx.writer.program_bytes(prep.conversion.policy)
         torchcompat.preload_export()  # what torch.export.load needs too
@@ -280,20 +272,21 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
         pass
 
 
-def _profile_note(full: bool, ctx: _Context) -> str:
-    if full:
-        return "batch: newest checkpoint of its behavior, full verification profile"
-    lv = ctx.light
-    return (f"batch verification profile: checks 1-3 in full ({lv.rows} probe rows), module "
-            f"{'/'.join(lv.dtypes)} on {', '.join(lv.devices) if lv.devices else 'every device present'}, "
-            f"fingerprints of {'/'.join(map(str, lv.fingerprint_steps))} steps; float16/bfloat16 and 128-step "
-            "fingerprints on the newest checkpoint only")
+NEWEST_NOTE = "batch: newest checkpoint of its behavior, full verification profile"
+
+
+def profile_note(light) -> str:
+    """The batch profile (``batch_profiles``' first) in words: the note of every report it verified
+    (a batch's, and ``verify OUT/``'s where the manifest records it)."""
+    return (f"batch verification profile: checks 1-3 in full ({light.rows} probe rows), module "
+            f"{'/'.join(light.dtypes)} on {', '.join(light.devices) if light.devices else 'every device present'}, "
+            f"fingerprints of {'/'.join(map(str, light.fingerprint_steps))} steps, no torch.export.load of the "
+            ".pt2 (check 6 compares its bytes); float16/bfloat16 and 128-step fingerprints on the newest "
+            "checkpoint only")
 
 
 def batch_profiles(options: ConvertOptions):
     """(batch profile, full profile) of VerifyOptions for a run directory."""
-    from ..verify import VerifyOptions
-
     full = options.verify_options or VerifyOptions()
     dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
     light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS,
@@ -356,8 +349,6 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
         raise InputError(f"OUT is the folder of {clash.path.name}: its <stem>.onnx would overwrite the official ONNX "
                          "that ML-Agents wrote there; choose another output directory", out)
     if o.verify:
-        from ..verify.engine import check_devices
-
         check_devices(getattr(o.verify_options, "devices", None))
     found.warnings.extend(check_tolerances(items, o))
     make_dirs(out)
@@ -374,9 +365,6 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
     the spec of one checkpoint per behavior folder (the newest first; ML-Agents keeps one architecture
     per behavior within a run), read only when an option names an output. A name that is the output of
     some policies only applies to those (each other report notes it; returned: the warnings)."""
-    from ..pipeline import default_reference, prepare_conversion
-    from ..verify.engine import check_tolerance_outputs, named_tolerances
-
     if not named_tolerances(o.verify_options):
         return []
     groups: Dict[tuple, List[Item]] = {}
@@ -389,8 +377,6 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
         for group in groups.values():
             for it in sorted(group, key=lambda it: not it.newest)[:TOLERANCE_TRIES]:
                 try:
-                    from ..converter import load_checkpoint
-
                     ckpt = load_checkpoint(it.path, quiet_warnings=False)
                     prep = prepare_conversion(ckpt, default_reference(it.path), o.obs_sizes, o.divisor, lenient=True)
                 except Exception:  # noqa: BLE001 - its task reports it
@@ -432,7 +418,7 @@ def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: b
               "options": options_record(o, light, full),
               "verification": {
                   "newest_of_each_behavior": "full profile (as a single conversion)",
-                  "others": _profile_note(False, _Context(out, o, light, full, {}, force, None)) if o.verify else None}}
+                  "others": profile_note(light) if o.verify else None}}
     previous, warn = read_previous(out, header) if not force else ({}, None)
     warns += [warn] if warn else []
     for w in warns:

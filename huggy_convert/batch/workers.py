@@ -32,12 +32,13 @@ import os
 import pickle
 import signal
 import sys
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from multiprocessing.connection import Pipe
 from multiprocessing.connection import wait as wait_conns
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..errors import one_line
+from ..errors import EXIT_INTERRUPTED, one_line
 
 PROCESSES, THREADS, SERIAL = "processes", "threads", "serial"
 _SHARED: Dict[str, Any] = {}
@@ -82,7 +83,7 @@ def _interrupt_once(signum, frame) -> None:
     the whole process group, and the parent's ``close(interrupted=True)`` sends one more (for a
     worker that did not get the first): a second ``KeyboardInterrupt`` raised inside the task's
     rollback would leave part of its set (or a temporary) behind. The worker remembers it and
-    exits 130 when the task ends, even where library code swallowed that one ``KeyboardInterrupt``
+    exits 130 (``errors.EXIT_INTERRUPTED``) when the task ends, even where library code swallowed that one ``KeyboardInterrupt``
     (the task then ran to its end: its set is whole)."""
     _INTERRUPTED.append(True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -100,7 +101,7 @@ def _worker(conn, parent_pid: int) -> None:
         signal.signal(signal.SIGINT, _interrupt_once)
         while True:
             if _INTERRUPTED:  # its KeyboardInterrupt was swallowed (see _interrupt_once): no next task
-                code = 130
+                code = EXIT_INTERRUPTED
                 break
             try:
                 msg = conn.recv()
@@ -112,19 +113,19 @@ def _worker(conn, parent_pid: int) -> None:
             try:
                 out = (tid, True, fn(*args))
             except KeyboardInterrupt:
-                code = 130
+                code = EXIT_INTERRUPTED
                 break
             except BaseException as exc:  # noqa: BLE001 - one line back to the parent
                 out = (tid, False, one_line(exc))
             if _INTERRUPTED:  # the same, inside the task: it ran to its end
-                code = 130
+                code = EXIT_INTERRUPTED
                 break
             try:
                 conn.send(out)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 conn.send((tid, False, f"internal error: result not picklable: {exc}"))
     except KeyboardInterrupt:
-        code = 130
+        code = EXIT_INTERRUPTED
     except BaseException:  # noqa: BLE001 - the parent reports "a worker process died (exit 3)"
         code = 3
     finally:
@@ -212,8 +213,6 @@ class Pool:
     def _run_processes(self, tasks, depth: int = 2):
         """Each worker holds up to ``depth`` tasks (the next one waits in its pipe while the parent
         handles a result); a worker that dies fails the task it had and its queued ones go back."""
-        from collections import deque
-
         queue = deque(enumerate(tasks))
         held: Dict[int, deque] = {slot: deque() for slot in self._procs}  # slot -> task indices, oldest first
         while queue or any(held.values()):

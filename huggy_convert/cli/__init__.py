@@ -3,11 +3,13 @@ option groups), ``render`` (text and JSON, an error as one line), the commands i
 verify, to-checkpoint) and ``modes``."""
 from __future__ import annotations
 
+import gc
+
 import click
 
+from ..console import guard
 from ..core.version import __version__
 from . import convert, modes
-from .render import EXIT_INTERRUPTED  # noqa: F401 (130: 128 + SIGINT, as shells report it)
 
 
 class DefaultGroup(click.Group):
@@ -19,8 +21,6 @@ class DefaultGroup(click.Group):
         """Every command's output through ``console.guard``: a character the console cannot encode is
         written as its ASCII fallback or escaped, a failed write drops the rest; the exit code stays
         the command's (its verdict), whatever the console."""
-        from ..console import guard
-
         with guard():
             return super().main(*args, **kwargs)
 
@@ -65,8 +65,6 @@ def entry() -> None:  # console script
     teardown, which os._exit used to skip).
     Nothing is skipped: atexit handlers, buffered output and open files are finalised as usual;
     only cyclic garbage left at exit is not collected, which the operating system reclaims."""
-    import gc
-
     try:
         main()
     finally:

@@ -8,8 +8,12 @@ from pathlib import Path
 import click
 
 from .. import contract as C
+from ..batch.manifest import PROFILE_FULL
+from ..batch.reverify import RECORDED, raise_error_record, verify_out
+from ..batch.run import run_batch
 from ..console import show_verdict
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
+from ..pipeline import ConvertOptions, convert_one, to_checkpoint
 from . import render
 from .options import JOBS, OPSET, Command, parse_obs_sizes, tolerance_options, verify_options
 
@@ -38,14 +42,10 @@ from .options import JOBS, OPSET, Command, parse_obs_sizes, tolerance_options, v
 def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
                 atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/."""
-    from ..pipeline import ConvertOptions, convert_one
-
     opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
     if source.is_dir():
-        from ..batch.run import run_batch
-
         with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and sys.stdout.isatty()) as p:
             res = run_batch(source, out, opts, jobs=jobs or None, force=force, events=p)
         return show_verdict(lambda: render.batch(res, as_json), res.exit_code)
@@ -62,7 +62,7 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report instead of the tree")
 @click.option("--jobs", "-j", type=JOBS, default=0,
               help="parallel workers (default: cores; a batch's worker pool)")
-@click.option("--profile", type=click.Choice(["recorded", "full"]), default="recorded", show_default=True,
+@click.option("--profile", type=click.Choice([RECORDED, PROFILE_FULL]), default=RECORDED, show_default=True,
               help="recorded: each policy with the profile its batch gave it (OUT/manifest.json); full: the full "
                    "profile for every policy")
 @click.option("--require-complete", is_flag=True, help=f"a partial verification (checks its conversion ran that "
@@ -85,20 +85,20 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
     Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
     with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
     passed, but some recorded checks could not be run (partial PASS)."""
-    from ..batch.reverify import raise_error_record, verify_out
-
     with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty(), least=2) as p:
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                                    options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
                                    profile=profile, render=not as_json, require_complete=require_complete, events=p)
-    render.verification(recs, workers, as_json)
+    # the reports are written and the verdicts decided: the exit code first (the first error's, where a set
+    # could not be verified), then the display
     errors = [r["error"] for r in recs if "error" in r]
-    if errors:
-        raise_error_record(errors[0])
     done = [r for r in recs if "error" not in r]
-    if any(not r["ok"] for r in done):
-        return EXIT_VERIFY_FAILED
-    return EXIT_INCOMPLETE if any(not r["complete"] for r in done) else EXIT_OK
+    code = errors[0]["exit_code"] if errors else EXIT_VERIFY_FAILED if any(not r["ok"] for r in done) else \
+        EXIT_INCOMPLETE if any(not r["complete"] for r in done) else EXIT_OK
+    show_verdict(lambda: render.verification(recs, workers, as_json), code)
+    if errors:
+        raise_error_record(errors[0])  # its one line and that code (options.Command's guard)
+    return code
 
 
 @click.command("to-checkpoint", cls=Command, subject="policy")
@@ -113,8 +113,6 @@ def to_checkpoint_cmd(policy, out, global_step, as_json):
     under ML-Agents' key names, dtypes and shapes (normalizer alias keys and int64 step counts included)
     and global_step. The optimizer, critic and reward-signal state are not in a canonical policy:
     ML-Agents starts them fresh (it logs 'Failed to load for module ...' for each)."""
-    from ..pipeline import to_checkpoint
-
     res = to_checkpoint(policy, out, global_step)  # written and read back: then the display
     return show_verdict(lambda: render.checkpoint_written(res, policy, as_json),
                         EXIT_OK if res.ok else EXIT_VERIFY_FAILED)

@@ -8,15 +8,23 @@ from pathlib import Path
 import click
 
 from .. import contract as C
-from ..modes.sources import DTYPES
+from ..errors import DeviceError, InputError
+from ..modes.actions import act, sample
+from ..modes.batch_sizes import batch_sizes
+from ..modes.benchmark import RUNTIMES as ALL
+from ..modes.benchmark import benchmark
+from ..modes.common import ModeResult
+from ..modes.compare import onnx_compare_paths
+from ..modes.export import export
+from ..modes.fingerprint import STEPS as FINGERPRINT_STEPS
+from ..modes.fingerprint import fingerprint
+from ..modes.info import info
+from ..modes.matrix import list_cases, run_matrix
+from ..modes.precision import precision
+from ..modes.sources import DTYPES, load_source
+from ..modes.stats import rollout
 from .options import (DEVICE_HELP, MAX_ROWS, OPSET, ROWS, SOURCE_HELP, STEPS, Command, device_opt, devices_opt,
                       dtype_opt, json_opt, obs_opt, options, rows_opt, runtime_opt, seed_opt, source_arg)
-
-
-def _load(source):
-    from ..modes.sources import load_source
-
-    return load_source(source)
 
 
 @click.command("info", cls=Command)
@@ -28,8 +36,6 @@ def info_cmd(source, device, dtype, as_json):
     """Spec, parameter counts, normalizer summary, checkpoint inventory (run directory) and environment.
 
     SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
-    from ..modes.info import info
-
     return info(source, device=device, dtype=dtype)
 
 
@@ -38,9 +44,7 @@ def info_cmd(source, device, dtype, as_json):
 @options(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
     """Deterministic actions for --obs random --seed N, --obs zeros or an observation file."""
-    from ..modes.actions import act
-
-    return act(_load(source), device, dtype, runtime, obs, rows, seed)
+    return act(load_source(source), device, dtype, runtime, obs, rows, seed)
 
 
 @click.command("sample", cls=Command)
@@ -52,9 +56,7 @@ def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
 def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_json):
     """Stochastic actions for a seed, the same on every device (noise drawn on the CPU). An ONNX
     runs with its RandomNormalLike replaced by the same noise."""
-    from ..modes.actions import sample
-
-    return sample(_load(source), device, dtype, runtime, obs, rows, seed, obs_seed)
+    return sample(load_source(source), device, dtype, runtime, obs, rows, seed, obs_seed)
 
 
 @click.command("batch-sizes", cls=Command)
@@ -67,16 +69,13 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
     OUT/'): time per size, and row i of every batch vs row i of the largest (float32 with canonical
     tensors: within the derived float32 bound; otherwise the dtype's tolerance; bitwise reported).
     Exit 1 when unstable."""
-    from ..errors import InputError
-    from ..modes.batch_sizes import batch_sizes
-
     try:
         ns = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError:
         raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
     if any(not 1 <= n <= MAX_ROWS for n in ns):
         raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
-    return batch_sizes(_load(source), device, dtype, runtime, ns, seed, repeats)
+    return batch_sizes(load_source(source), device, dtype, runtime, ns, seed, repeats)
 
 
 @click.command("precision", cls=Command)
@@ -90,9 +89,7 @@ def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
     max abs). float32 and float16 over verify's tolerances fail (exit 1); bfloat16 over its
     threshold is reported as not-for-production."""
-    from ..modes.precision import precision
-
-    return precision(_load(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime)
+    return precision(load_source(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime)
 
 
 @click.command("onnx-compare", cls=Command)
@@ -108,9 +105,6 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
     onnxruntime on the same seeded probes; per-output stats. Give a policy (.pt/.safetensors)
     and ONNX files; a policy alone compares the official <stem>.onnx beside it; an ONNX alone is
     compared with the <stem>.pt beside it. Exit 1 when an output differs."""
-    from ..errors import DeviceError
-    from ..modes.compare import onnx_compare_paths
-
     if dtype != "float32":
         raise DeviceError(f"--dtype {dtype} is not available for onnx-compare: ONNX files run in float32")
     return onnx_compare_paths(inputs, rows=list(rows) or [64], seed=seed, device=device, bitwise=bitwise)
@@ -126,9 +120,7 @@ def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json
     """sha256 of seeded 64- and 128-step deterministic action sequences (verify's check 5): the
     float64 reference's, the same on every host, with this host's runtime's beside it (run twice):
     exit 1 if that one changes between runs or the reference's differs from --expect."""
-    from ..modes.fingerprint import STEPS, fingerprint
-
-    return fingerprint(_load(source), device, dtype, runtime, list(steps) or STEPS, seed, list(expect))
+    return fingerprint(load_source(source), device, dtype, runtime, list(steps) or FINGERPRINT_STEPS, seed, list(expect))
 
 
 @click.command("stats", cls=Command)
@@ -151,12 +143,9 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
     pad tiles the action values over the observation width (discrete choice k of n
     -> 2k/(n-1) - 1); xi_t ~ N(0, I); all draws from numpy default_rng(seed).
     Bounded: every action finite and |u| never reaches 10."""
-    from ..errors import InputError
-    from ..modes.stats import rollout
-
     if steps < 1 or rows < 1:
         raise InputError("--steps and --rows must be at least 1")
-    return rollout(_load(source), device, dtype, runtime, steps, rows, seed, stochastic)
+    return rollout(load_source(source), device, dtype, runtime, steps, rows, seed, stochastic)
 
 
 @click.command("benchmark", cls=Command)
@@ -173,8 +162,6 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
-    from ..modes.benchmark import RUNTIMES as ALL, benchmark
-
     return benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
                      dtype, warmup, iters, seed, threads=threads)
 
@@ -193,9 +180,7 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
     opset can be written: a different one needs the canonical tensors (exit 2)."""
-    from ..modes.export import export
-
-    return export(_load(source), opset, out, noise_input, device, dtype, rows, seed, reference)
+    return export(load_source(source), opset, out, noise_input, device, dtype, rows, seed, reference)
 
 
 @click.command("matrix", cls=Command)
@@ -215,11 +200,7 @@ def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
     an accelerator) SKIP and say why. Seeded: two runs print the same figures (latencies are in a
     separate column). Without CKPT|RUN_DIR, in a source checkout: the bundled fixtures (Huggy and the
     variants). Writes OUT/matrix.log and OUT/matrix.json. Exit 0 when no case fails, 1 otherwise."""
-    from ..modes.matrix import list_cases, run_matrix
-
     if list_only:
-        from ..modes.common import ModeResult
-
         cases = list_cases(fixtures, out, source)
         r = ModeResult("matrix-list", data={"cases": cases, "count": len(cases),
                                             "groups": len({c["group"] for c in cases})})

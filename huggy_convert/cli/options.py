@@ -8,8 +8,9 @@ from typing import Optional
 import click
 
 from .. import contract as C
-from ..errors import InputError, from_foreign
+from ..errors import InputError, as_error
 from ..modes.sources import DTYPES
+from ..verify import VerifyOptions, parse_overrides
 from . import render
 
 MAX_ROWS = 1 << 16  # rows of generated observations: Huggy's 512-wide body takes ~130 MB per layer at this bound
@@ -53,7 +54,7 @@ class Command(click.Command):
             render.interrupted()
         except Exception as e:  # noqa: BLE001 - the one place foreign failures become typed errors
             subject = ctx.params.get(self.subject) if self.subject else None
-            render.fail(from_foreign(e, getattr(e, "filename", None) or subject), as_json)
+            render.fail(as_error(e, subject), as_json)
         sys.exit(render.outcome(result, as_json))
 
 
@@ -72,8 +73,6 @@ def parse_obs_sizes(text: str):
 
 
 def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):
-    from ..verify import VerifyOptions, parse_overrides
-
     return VerifyOptions(rows=rows, seed=seed, devices=list(devices) or None, dtypes=tuple(dtypes),
                          atol=parse_overrides(atol), rtol=parse_overrides(rtol), cosine=parse_overrides(cosine))
 

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import click
 
+from ..batch.deployed import describe as describe_deployed
+from ..batch.manifest import DEPLOYED_FAILING, ERROR, MANIFEST_CSV, MISSING, PROFILE_BATCH, VERIFY_FAILED
+from ..batch.run import DEPLOYED, ENTRY, START, WARNING
 from ..console import show_verdict
-from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, error_line
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError, error_line
+from ..exporters.atc import render as atc_lines
+from ..importers.from_onnx import describe_recovered
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -60,20 +63,16 @@ def conversion(res, source, out, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
-    from ..exporters.atc import render
-
     click.echo(f"{source} -> {out}/")
     step = s['training_step'] if s['training_step'] is not None else "unknown"
     click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters, step {step}")
     if s.get("recovered_from"):
-        from ..importers.from_onnx import describe_recovered
-
         click.echo(f"  {describe_recovered(s['recovered_from'])}")
     if s.get("divisor"):
         click.echo(f"  divisor: {s['divisor']}")
     for kind, a in res.artifacts.items():
         click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
-    for line in render(atc) if atc else ():
+    for line in atc_lines(atc) if atc else ():
         click.echo(line)
     if res.report is not None:
         click.echo(res.report.render())
@@ -113,16 +112,12 @@ class Progress:
         self._ctx = self._bar = None
 
     def __call__(self, kind: str, data) -> None:
-        from ..batch.deployed import FAILING
-        from ..batch.manifest import ERROR, MISSING, VERIFY_FAILED
-        from ..batch.run import DEPLOYED, ENTRY, START, WARNING
-
         if kind == WARNING:
             warning(data)
         elif kind == START and self.bar and data >= self.least:
             self._ctx = click.progressbar(length=data, label=self.label.format(data), file=self.file)
             self._bar = self._ctx.__enter__()
-        elif kind == DEPLOYED and data["status"] in FAILING:
+        elif kind == DEPLOYED and data["status"] in DEPLOYED_FAILING:
             click.echo(f"huggy-convert: {'error' if data['status'] == ERROR else 'verification failed'}: "
                        f"{data['error']}", err=True)
         elif kind != DEPLOYED and kind != START:  # a checkpoint converted, a set verified
@@ -145,9 +140,6 @@ class Progress:
 
 def batch(res, as_json: bool) -> None:
     """A run directory's summary (``batch.run.BatchResult``)."""
-    from ..batch.deployed import describe as describe_deployed
-    from ..batch.manifest import MANIFEST_CSV
-
     s, out = res.summary, res.out
     if as_json:
         click.echo(json.dumps(dict(s, manifest=str(res.manifest)), indent=2))
@@ -187,7 +179,7 @@ def verification(recs, workers: str, as_json: bool) -> None:
                 click.echo(f"verify: ERROR: {r['error']['line']}")
                 continue
             line = r["verdict"] if r["ok"] else f"FAIL: {r['first_failure']}"
-            click.echo(f"verify {r['subject']}: {line}{' (batch profile)' if r['profile'] == 'batch' else ''}")
+            click.echo(f"verify {r['subject']}: {line}{' (batch profile)' if r['profile'] == PROFILE_BATCH else ''}")
         passed = sum(1 for r in done if r["ok"])
         partly = sum(1 for r in done if r["ok"] and not r["complete"])
         click.echo(f"{len(recs)} policies: {passed} passed"

@@ -63,13 +63,18 @@ def zeros_obs(spec: PolicySpec, rows: int) -> Dict[str, np.ndarray]:
     return {C.OBS_INPUT.format(i=i): np.zeros((rows,) + spec.obs_shape(i), np.float32) for i in range(spec.obs_count)}
 
 
+def initial_memory(spec: PolicySpec, rows: int) -> Optional[np.ndarray]:
+    """The memory at the start of an episode: zeros [rows, 1, memory_size] (float32), or None without memory."""
+    return np.zeros((rows, 1, spec.memory_size), np.float32) if spec.memory_size else None
+
+
 def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Add all-ones action masks and zero memories where the feed has none."""
     rows = next(iter(feed.values())).shape[0]
     if spec.discrete_branches and C.ACTION_MASKS not in feed:
         feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
     if spec.memory_size and C.RECURRENT_IN not in feed:
-        feed[C.RECURRENT_IN] = np.zeros((rows, 1, spec.memory_size), np.float32)
+        feed[C.RECURRENT_IN] = initial_memory(spec, rows)
     return feed
 
 
@@ -80,11 +85,13 @@ class Memory:
 
     def __init__(self, spec: PolicySpec, rows: int):
         self.spec, self.rows = spec, rows
-        self.state = np.zeros((rows, 1, spec.memory_size), np.float32) if spec.memory_size else None
+        self.state = initial_memory(spec, rows)
+        # every step's masks: one array (the runners read their feeds, never write them)
+        self.masks = np.ones((rows, spec.discrete_total), np.float32) if spec.discrete_branches else None
 
     def step(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        if self.spec.discrete_branches:
-            feed[C.ACTION_MASKS] = np.ones((self.rows, self.spec.discrete_total), np.float32)
+        if self.masks is not None:
+            feed[C.ACTION_MASKS] = self.masks
         if self.state is not None:
             feed[C.RECURRENT_IN] = self.state
         return feed

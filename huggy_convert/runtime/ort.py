@@ -148,4 +148,4 @@ class OrtRunner(RunnerBase):
         if noise is None:
             noise = draw_noise(self.spec, next(iter(feed.values())).shape[0], seed)[0]
         out = ort_run(self._noise_session, dict(feed, **{C.NOISE_INPUT: noise}))
-        return {C.OUT_CONT: out[C.OUT_CONT]}
+        return {k: out[k] for k in (C.OUT_CONT, C.RECURRENT_OUT) if k in out}  # (the memory: an LSTM's next state)

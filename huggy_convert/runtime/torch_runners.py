@@ -61,6 +61,9 @@ class ModuleRunner(RunnerBase):
         return {n: _numpy(o) for n, o in zip(self.module.output_names, out)}
 
     def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
+        """The sampled actions and, for a policy with memory, its next state (``recurrent_out``: the
+        noise does not touch it; ``PolicyModule.sample`` does not return it, so the deterministic
+        forward of the same inputs gives it)."""
         import torch
 
         spec = self.module.spec
@@ -68,7 +71,11 @@ class ModuleRunner(RunnerBase):
         xs = self._inputs(feed)
         with torch.no_grad():
             out = self.module.sample(*xs, seed=seed, noise=None if noise is None else torch.from_numpy(noise))
-        return {n: _numpy(o) for n, o in zip(names, out)}
+            res = {n: _numpy(o) for n, o in zip(names, out)}
+            if spec.memory_size:
+                det = self.module(*xs)
+                res[C.RECURRENT_OUT] = _numpy(det[list(self.module.output_names).index(C.RECURRENT_OUT)])
+        return res
 
 
 class ProgramRunner(RunnerBase):
