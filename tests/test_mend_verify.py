@@ -59,7 +59,8 @@ def test_verify_out_reads_each_file_once(tmp_path, monkeypatch):
     ck.write_bytes(SMALL.read_bytes())  # no official ONNX: check 3 reads the golden file
     assert convert_one(ck, out).report.ok
     reads = _counting(monkeypatch, engine_mod, files_mod)
-    rep, = verify_dir(out, options=VerifyOptions(dtypes=("float32",)))
+    (rep,), warnings = verify_dir(out, options=VerifyOptions(dtypes=("float32",)))
+    assert warnings == []
     assert rep.ok, rep.render()
     assert "golden" in rep.check("outputs").title or "golden" in rep.render()
     for suffix in (".safetensors", ".onnx", ".pt2", ".golden.npz"):
