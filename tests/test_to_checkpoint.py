@@ -19,7 +19,7 @@ import torch
 
 from conftest import FIXTURES, HUGGY_RUN, ROOT, VARIANTS, run_cli, step_checkpoints, variant_names
 from huggy_convert import contract as C
-from huggy_convert.core.flow import MASK, MEMORY, OBSERVATION, SAMPLED
+from huggy_convert.core.flow import MASK, OBSERVATION, SAMPLED, STATE
 from huggy_convert.converter import convert_checkpoint, load_checkpoint, load_policy, save_policy
 from huggy_convert.converter.state_dict import policy_state_dict, torch_order
 from huggy_convert.errors import SpecError
@@ -134,7 +134,7 @@ def _job(name, ck, st, res, save):
             "continuous": pol.spec.continuous_size,
             "branches": list(pol.spec.discrete_branches), "outputs": sig.output_names(),
             "obs_inputs": [p.name for p in sig.inputs if p.kind == OBSERVATION],
-            "mask_input": first(MASK), "memory_input": first(MEMORY),
+            "mask_input": first(MASK), "memory_input": first(STATE),
             "deterministic": [p.name for p in sig.outputs if p.kind != SAMPLED], "save": str(save)}
 
 

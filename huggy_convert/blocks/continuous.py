@@ -69,7 +69,7 @@ class Continuous(Block):
 
     def outputs(self, spec) -> List[Port]:
         a = spec.continuous_size
-        return [Port(C.OUT_CONT, (C.BATCH_DIM, a), kind=SAMPLED),
+        return [Port(C.OUT_CONT, (C.BATCH_DIM, a), kind=SAMPLED, noise="normal"),
                 Port(C.OUT_CONT_SHAPE, (1,), kind=CONSTANT, tensor=C.c_const(C.K_CONT_SIZE), init=C.K_CONT_SIZE),
                 Port(C.OUT_CONT_DET, (C.BATCH_DIM, a), kind=DETERMINISTIC)]
 

@@ -46,13 +46,13 @@ class Discrete(Block):
         return sum(spec.encoding_size * b + b for b in spec.discrete_branches)
 
     def inputs(self, spec) -> List[Port]:
-        return [Port(C.ACTION_MASKS, (C.BATCH_DIM, spec.discrete_total), kind=MASK)]
+        return [Port(C.ACTION_MASKS, (C.BATCH_DIM, spec.discrete_total), kind=MASK, fill=1.0)]
 
     def outputs(self, spec) -> List[Port]:
         nb = len(spec.discrete_branches)
-        return [Port(C.OUT_DISC, (C.BATCH_DIM, nb), "int64", kind=SAMPLED),
+        return [Port(C.OUT_DISC, (C.BATCH_DIM, nb), "int64", kind=SAMPLED, levels=tuple(spec.discrete_branches), noise="uniform"),
                 Port(C.OUT_DISC_SHAPE, (1, nb), kind=CONSTANT, tensor=C.c_const(C.K_DISC_SIZES), init=C.K_DISC_SIZES),
-                Port(C.OUT_DISC_DET, (C.BATCH_DIM, nb), "int64", kind=DETERMINISTIC)]
+                Port(C.OUT_DISC_DET, (C.BATCH_DIM, nb), "int64", kind=DETERMINISTIC, levels=tuple(spec.discrete_branches))]
 
     def onnx_dims(self, spec) -> Dict[str, str]:
         return {C.OUT_DISC_DET: f"Concat{C.OUT_DISC_DET}_dim_0"}

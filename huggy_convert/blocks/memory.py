@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import contract as C
 from ..core.bounds import Bounded, Linear, add, affine, concat, f64, mul, sigmoid, stored, tanh
-from ..core.flow import MEMORY, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.flow import STATE, OnnxFlow, Port, ReferenceFlow, TorchFlow
 from .base import ENCODE, Block, KeyRules
 
 
@@ -52,10 +52,10 @@ class Memory(Block):
         return 4 * hs * (spec.hidden_units + hs) + 8 * hs
 
     def inputs(self, spec) -> List[Port]:
-        return [Port(C.RECURRENT_IN, (C.BATCH_DIM, 1, spec.memory_size), kind=MEMORY)]
+        return [Port(C.RECURRENT_IN, (C.BATCH_DIM, 1, spec.memory_size), kind=STATE, fill=0.0)]
 
     def outputs(self, spec) -> List[Port]:
-        return [Port(C.RECURRENT_OUT, (C.BATCH_DIM, 1, spec.memory_size), kind=MEMORY)]
+        return [Port(C.RECURRENT_OUT, (C.BATCH_DIM, 1, spec.memory_size), kind=STATE, feeds=C.RECURRENT_IN)]
 
     def onnx_dims(self, spec) -> Dict[str, str]:
         return {C.RECURRENT_OUT: f"Transpose{C.RECURRENT_OUT}_dim_0"}

@@ -12,8 +12,8 @@ import numpy as np
 
 # Port kinds
 OBSERVATION = "observation"  # an observation input
-MASK = "mask"  # the discrete heads' action masks
-MEMORY = "memory"  # recurrent state (in and out); the memory output is part of the deterministic outputs
+MASK = "mask"  # an input that restricts an output's choices (ones: every choice allowed)
+STATE = "state"  # carried state, in and out: an output fed back as an input on the next step; part of the deterministic outputs
 CONSTANT = "constant"  # a constant output (an initializer behind an Identity)
 SAMPLED = "sampled"  # a stochastic action output
 DETERMINISTIC = "deterministic"  # a deterministic action output
@@ -26,7 +26,15 @@ class Port:
     """One input or output of the policy as Unity binds it.
 
     ``dims`` uses ``C.BATCH_DIM`` for the batch axis; ``tensor`` (constant outputs) is the canonical
-    tensor behind it and ``init`` the ONNX initializer's name."""
+    tensor behind it and ``init`` the ONNX initializer's name.
+
+    What generic code needs to know of a port without knowing the block behind it:
+    ``fill``: an input other than an observation that a feed may leave out gets this value everywhere
+    (a mask: 1.0, every choice allowed; carried state: 0.0, the first step);
+    ``feeds``: an output that becomes an input on the next step names that input (carried state);
+    ``levels``: an integer action output's number of choices per column (each value in ``0..n-1``);
+    ``noise``: a sampled output's injected noise, ``"normal"`` (one standard normal per column) or
+    ``"uniform"`` (one uniform in [0, 1) per column), the way ``sample`` draws it."""
 
     name: str
     dims: Tuple[Dim, ...]
@@ -34,6 +42,22 @@ class Port:
     kind: str = OBSERVATION
     tensor: Optional[str] = None
     init: Optional[str] = None
+    fill: Optional[float] = None
+    feeds: Optional[str] = None
+    levels: Tuple[int, ...] = ()
+    noise: Optional[str] = None
+
+    @property
+    def width(self) -> int:
+        """The number of elements of one row (the dims after the batch axis, multiplied)."""
+        n = 1
+        for d in self.dims[1:]:
+            n *= int(d)
+        return n
+
+    def filled(self, rows: int) -> np.ndarray:
+        """This input for ``rows`` rows, every element ``fill``."""
+        return np.full((rows,) + tuple(int(d) for d in self.dims[1:]), self.fill, np.float32)
 
 
 @dataclass(frozen=True)
@@ -60,8 +84,8 @@ class IOSignature:
         return [p.name for p in self.outputs]
 
     def deterministic_output_names(self) -> List[str]:
-        """What the torch module's ``forward`` returns: every deterministic action, then the memory."""
-        return [p.name for p in self.outputs if p.kind in (DETERMINISTIC, MEMORY)]
+        """What the torch module's ``forward`` returns: every deterministic action, then the carried state."""
+        return [p.name for p in self.outputs if p.kind in (DETERMINISTIC, STATE)]
 
     def sampled_output_names(self) -> List[str]:
         """What the torch module's ``sample`` returns."""
@@ -69,6 +93,25 @@ class IOSignature:
 
     def constant_outputs(self) -> List[Port]:
         return [p for p in self.outputs if p.kind == CONSTANT]
+
+    def fills(self) -> List[Port]:
+        """The inputs a feed may leave out (masks, carried state), each with its ``fill``."""
+        return [p for p in self.inputs if p.fill is not None]
+
+    def defaults(self, rows: int) -> Dict[str, np.ndarray]:
+        """Every input a feed may leave out, filled for ``rows`` rows."""
+        return {p.name: p.filled(rows) for p in self.fills()}
+
+    def feedback(self) -> Dict[str, str]:
+        """output -> the input it becomes on the next step (carried state), in output order."""
+        return {p.name: p.feeds for p in self.outputs if p.feeds}
+
+    def state_inputs(self) -> List[Port]:
+        return [p for p in self.inputs if p.kind == STATE]
+
+    def noise_outputs(self) -> List[Port]:
+        """The sampled outputs with injected noise, in output order."""
+        return [p for p in self.outputs if p.kind == SAMPLED and p.noise]
 
     def port(self, name: str) -> Port:
         for p in self.inputs + self.outputs:
