@@ -333,13 +333,15 @@ def test_fingerprint_matches_verify_and_expect(huggy_policy, tmp_path):
 def test_stats_closed_loop_is_bounded_and_repeatable():
     d = cli_json("stats", HUGGY, "--steps", "64")
     assert d["bounded"] and d["finite"] and d["guard_hits"] == 0 and d["max_abs_u"] < 10
-    assert len(d["continuous"]) == 21
-    for x in d["continuous"]:
+    assert list(d["real"]) == [C.OUT_CONT_DET] and d["levels"] == {}
+    assert len(d["real"][C.OUT_CONT_DET]) == 21
+    for x in d["real"][C.OUT_CONT_DET]:
         assert -1 <= x["min"] <= x["mean"] <= x["max"] <= 1 and 0 <= x["frac_at_clip"] <= 1
     again = cli_json("stats", HUGGY, "--steps", "64")
     assert again["trajectory_sha256"] == d["trajectory_sha256"]
     s = cli_json("stats", variant("hybrid"), "--steps", "32", "--stochastic")
-    assert s["bounded"] and len(s["discrete"]) == 1 and sum(s["discrete"][0]["frequency"]) == pytest.approx(1.0)
+    assert s["bounded"] and list(s["levels"]) == [C.OUT_DISC] and list(s["real"]) == [C.OUT_CONT]
+    assert len(s["levels"][C.OUT_DISC]) == 1 and sum(s["levels"][C.OUT_DISC][0]["frequency"]) == pytest.approx(1.0)
     assert "0.9 * u_t" in cli("stats", "--help").stdout
 
 

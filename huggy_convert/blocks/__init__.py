@@ -48,7 +48,7 @@ aside when they are there):
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from .. import contract as C
 from ..core import spec as _spec
@@ -134,3 +134,33 @@ def check_constants(r: KeyRules) -> None:
 
 
 _spec.bind_architecture(_spec.Architecture(io_signature, parameter_count, encoded_width))
+
+
+# --- what the run modes ask of the blocks (modes/ reads these; a block never imports modes/) ---------
+def traits(spec) -> Tuple[str, ...]:
+    """The traits of ``spec`` that its ports do not tell, from every block (``Block.traits``)."""
+    return tuple(t for b in REGISTRY for t in b.traits(spec))
+
+
+def described_traits() -> Dict[str, str]:
+    """Every block's ``traits_described``: a trait's name -> what it is, in the words the modes print."""
+    return {k: v for b in REGISTRY for k, v in b.traits_described.items()}
+
+
+def variants() -> Dict[str, str]:
+    """Every block's fixture variants: a variant's name -> the trait a policy needs to stand in for it."""
+    return {k: v for b in REGISTRY for k, v in b.variants.items()}
+
+
+def onnx_weight_ops() -> Tuple[str, ...]:
+    """The ONNX op types whose initializers hold parameters (``Block.onnx_weight_ops``), sorted."""
+    return tuple(sorted({op for b in REGISTRY for op in b.onnx_weight_ops}))
+
+
+def describe_input(spec, i: int, given=None) -> str:
+    """What observation ``i`` is, said by the block that takes it (``Block.describe_input``; "" for a vector)."""
+    name = C.OBS_INPUT.format(i=i)
+    for b in active(spec):
+        if any(p.name == name for p in b.inputs(spec)):
+            return b.describe_input(spec, i, given)
+    return ""

@@ -440,6 +440,12 @@ class Attention(Block):
             feed[C.OBS_INPUT.format(i=i)] = np.where(real[:, :, None], x, pad).astype(np.float32)
         return feed
 
+    # --- the run modes ----------------------------------------------------------------------
+    def describe_input(self, spec, i: int, given=None) -> str:
+        m, size = spec.obs_shape(i)
+        return (f"a variable-length observation: up to {m} entities of {size} features; an entity "
+                f"whose squared features sum below {C.ENTITY_MASK_BELOW} is padding")
+
 
 def _layer_norm(x):
     """ML-Agents' LayerNorm (layers.py), the same ops: two passes, no gamma/beta."""

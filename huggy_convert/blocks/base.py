@@ -171,6 +171,23 @@ class Block:
         ``importers.from_onnx`` (no hook needed)."""
 
 
+    # --- the run modes (modes/: plain data and answers, never modes' code) -------------------
+    # what a policy with this block is, in the words the run modes print: a trait's name -> what it is
+    # (the need a matrix case names); the fixture variants (fixtures/variants/<name>) this block's
+    # kind of policy stands for: a variant's name -> the trait a user's policy needs to stand in for it
+    traits_described: Dict[str, str] = {}
+    variants: Dict[str, str] = {}
+    onnx_weight_ops: Tuple[str, ...] = ()  # the ONNX op types whose initializers hold this block's parameters
+
+    def traits(self, spec) -> Tuple[str, ...]:
+        """The traits of ``spec`` that its ports do not tell (the run modes derive the others from them)."""
+        return ()
+
+    def describe_input(self, spec, i: int, given=None) -> str:
+        """What observation ``i`` (one of this block's inputs) is, for an input-shape error; ``given``:
+        the shape given, where this block can tell what was meant."""
+        return ""
+
 def _shape(t) -> Tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
 

@@ -118,6 +118,9 @@ class Body(Block):
         for lin in w:
             r.h = swish(affine(r.h, lin, r.bounds, p=p), p)
 
+    # --- the run modes ----------------------------------------------------------------------
+    onnx_weight_ops = ("Gemm", "MatMul")  # the heads' Gemms too: every Gemm's initializers are parameters
+
 
 def record_body(r: KeyRules, shapes, hidden: int, num_layers: int) -> None:
     """The spec fields a body fixes (every observation's size and shape, its width and depth) and the

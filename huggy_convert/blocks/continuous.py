@@ -180,6 +180,17 @@ class Continuous(Block):
         out = tanh(s, p) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP, p)
         r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err
 
+    # --- the run modes ----------------------------------------------------------------------
+    traits_described = {"normal_sample": "continuous actions", "fixed_sigma": "a PPO continuous head",
+                        "tanh_sample": "a SAC policy"}
+    variants = {"sac": "tanh_sample"}
+
+    def traits(self, spec) -> tuple:
+        """``fixed_sigma``: PPO's head, whose sample is clip(mu + eps * exp(log_sigma), -3, 3) / 3;
+        ``tanh_sample``: a SAC policy (its sample tanh-squashed)."""
+        return (("fixed_sigma",) if spec.continuous_size and spec.algorithm == C.TRAINER_PPO else ()) + \
+            (("tanh_sample",) if spec.algorithm == C.TRAINER_SAC else ())
+
 
 def _deterministic(fast, mu, inplace: bool):
     """The deterministic action from ``mu`` (float32): clipped to +-ACTION_CLIP and scaled to [-1, 1]

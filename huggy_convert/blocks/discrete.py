@@ -144,3 +144,8 @@ class Discrete(Block):
             m[np.arange(rows), start + pick] = 1.0
             start += n
         return {C.ACTION_MASKS: m}
+
+    # --- the run modes ----------------------------------------------------------------------
+    traits_described = {"integer_output": "a policy with discrete actions",
+                        "integer_and_real": "a hybrid (continuous + discrete) policy"}
+    variants = {"discrete": "integer_output", "hybrid": "integer_and_real"}

@@ -147,3 +147,8 @@ class Memory(Block):
 
     def probe(self, policy, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
         return {C.RECURRENT_IN: rng.standard_normal((rows, 1, policy.spec.memory_size)).astype(np.float32)}
+
+    # --- the run modes ----------------------------------------------------------------------
+    traits_described = {"carried_state": "a policy with memory (LSTM)"}
+    variants = {"lstm": "carried_state"}
+    onnx_weight_ops = ("LSTM",)

@@ -424,3 +424,17 @@ class Visual(Block):
                 x[-1], x[-2] = 0.0, 1.0
             feed[C.OBS_INPUT.format(i=i)] = x.astype(np.float32)
         return feed
+
+    # --- the run modes ----------------------------------------------------------------------
+    onnx_weight_ops = ("Conv",)
+
+    def describe_input(self, spec, i: int, given=None) -> str:
+        """A camera: channels, pixels, NCHW, its encoder; ``given`` in HWC (or another image size) is named."""
+        c, h, w = spec.obs_shape(i)
+        hint = ""
+        if given is not None and tuple(given[-3:]) == (h, w, c) and (h, w, c) != (c, h, w):
+            hint = ": this one is HWC (channels last), transpose it to NCHW, e.g. x.transpose(0, 3, 1, 2)"
+        elif given is not None and len(given) in (3, 4) and tuple(given[-3:]) != (c, h, w):
+            hint = f": a {'x'.join(map(str, given[-3:]))} image is not this policy's {c}x{h}x{w}"
+        return (f"a camera of {c} channels, {h}x{w} pixels, fed channels first (NCHW) as Unity feeds it, "
+                f"to a {spec.vis_encode_type} encoder{hint}")

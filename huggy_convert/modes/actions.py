@@ -33,6 +33,13 @@ def _base(src: Source, runner, obs, rows, seed, feed) -> Dict[str, object]:
             "rows": int(next(iter(feed.values())).shape[0]), "inputs": {k: list(v.shape) for k, v in feed.items()}}
 
 
+def _noise_text(spec) -> str:
+    """How ``sample`` draws the noise of each sampled output, in output order."""
+    draws = {"normal": "randn", "uniform": "rand"}
+    return "torch.Generator('cpu').manual_seed(seed): " + ", ".join(
+        f"{draws.get(p.noise, p.noise)} [rows, {p.width}] ({p.name})" for p in spec.io_signature().noise_outputs())
+
+
 def act(src: Source, device: str = "cpu", dtype: str = "float32", runtime: str = "auto", obs: str = "random",
         rows: int = 1, seed: int = 0) -> ModeResult:
     """Deterministic actions for seeded random observations, zeros, or a file."""
@@ -61,7 +68,7 @@ def sample(src: Source, device: str = "cpu", dtype: str = "float32", runtime: st
     outputs = runner.sample(feed, seed)
     r = ModeResult("sample")
     r.data = dict(_base(src, runner, obs, rows, obs_seed, feed), noise_seed=seed, outputs=outputs,
-                  noise="torch.Generator('cpu').manual_seed(seed): randn [rows, continuous], rand [rows, branches]")
+                  noise=_noise_text(src.spec))
     if runner.note:
         r.data["note"] = runner.note
     r.timings = {"build_s": runner.build_seconds}

@@ -112,7 +112,7 @@ def _benchmark(path, devices, runtimes, batches, dtype, warmup, iters, seed, src
     r.timings = {"rows": rows}
     r.lines.append(f"benchmark {first.label}: {dtype}, warm-up {warmup}, {iters} timed calls per batch size, "
                    f"{threads} CPU thread{'s' if threads > 1 else ''} for torch and onnxruntime alike")
-    r.lines.append(f"  {'device':<8} {'runtime':<12} {'batch':>5} {'mean':>9} {'p50':>9} {'p95':>9} {'p99':>9}  load, memory")
+    r.lines.append(f"  {'device':<8} {'runtime':<12} {'batch':>5} {'mean':>9} {'p50':>9} {'p95':>9} {'p99':>9}  load, RSS")
     for x in rows:
         if "skipped" in x:
             r.lines.append(f"  {x['device']:<8} {x['runtime']:<12} skipped: {x['skipped']}")

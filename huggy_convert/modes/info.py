@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import contract as C
-from ..blocks import encoders
+from ..blocks import encoders, onnx_weight_ops
 from ..exporters.devices import resolve_device
 from ..importers.from_onnx import describe_recovered, recovered_record
 from ..runtime import ort_providers
@@ -37,7 +37,7 @@ def counted_parameters(src: Source) -> Dict[str, int]:
     """Parameter counts from the spec's formula and, independently, from the tensors themselves."""
     if src.kind == KIND_ONNX:
         lin, total = src.onnx_view.parameter_counts()
-        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": "ONNX initializers (Gemm/LSTM/MatMul/Conv/Add)"}
+        return {"linear": lin, C.P_WITH_LOG_SIGMA: total, "counted_from": f"ONNX initializers ({'/'.join(onnx_weight_ops() + ('Add',))})"}
     spec, T = src.spec, src.policy.tensors
     sig = sum(int(v.size) for k, v in T.items() if k.startswith(C.C_LOG_SIGMA))
     norm = {C.c_norm(i, f) for i, _ in spec.vector_obs for f in C.NORM_FIELDS} | {C.c_divisor(i) for i, _ in spec.vector_obs}

@@ -4,7 +4,8 @@ checkout, the bundled fixtures: Huggy and the ML-Agents variants).
 The cases are a declarative table (``matrix_cases.TABLE``): each is a group, a title, the equivalent
 huggy-convert command, what it needs and its check (a function of the :class:`Matrix` returning an
 :class:`Outcome`). A case whose needs the input lacks (an official ONNX beside the checkpoint, an older
-checkpoint, a run directory, an LSTM or discrete policy, a variant fixture, an accelerator) is SKIPPED
+checkpoint, a run directory, a trait of the policy: carried state, integer actions..., a variant fixture,
+an accelerator) is SKIPPED
 with the reason. Every case prints one line: number, command, figures, verdict (PASS / FAIL / SKIP)
 and, in a separate column, latencies (they change run to run). Inputs are seeded, so two runs print
 the same figures; ``quick`` skips the latency-heavy ones (group 9, the .pt2 export).
@@ -16,7 +17,7 @@ Thresholds (every verdict is a real check):
 - float16 / bfloat16: each within the bound derived for the format (verify.bounds, as ``precision``
   judges it; an argmax flip within its float64 logit margin passes); batch-size stability in a half
   format: verify's Tolerance (atol 1e-2 / cosine 0.999; 5e-2 / 0.995);
-- integer (discrete) outputs: equal; latency: p99 within a generous budget, outputs finite.
+- integer outputs (``levels``): equal; latency: p99 within a generous budget, outputs finite.
 """
 from __future__ import annotations
 
@@ -29,19 +30,24 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
-from ..batch.rundir import newest_checkpoint, step_checkpoints
 from ..converter import save_policy
 from ..core.files import atomic_write_bytes
-from ..errors import HuggyError, InputError, describe
+from ..errors import HuggyError, describe
 from ..runtime import draw_noise, ort_providers, torch_threads
 from ..verify.compare import compare_arrays
+from . import matrix_cases, matrix_loops, matrix_numerics
 from .actions import sample
 from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
 from .export import export
 from .info import environment
-from .matrix_cases import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st
-from .sources import (CKPT_SUFFIXES, Source, devices_present, display_path, load_source, make_feed, make_runner,
-                      to_jsonable)
+from .matrix_table import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st
+from .matrix_target import Target, resolve_target
+from .ports import described, traits
+from .sources import Source, devices_present, display_path, load_source, make_feed, make_runner, to_jsonable
+
+# the case modules register their groups into TABLE when imported (1-3, 4-7, 8-10); a run orders the
+# table by group (a group's cases in registration order)
+CASE_MODULES = (matrix_cases, matrix_numerics, matrix_loops)
 
 GROUPS = {
     1: "environment and model info",
@@ -55,7 +61,6 @@ GROUPS = {
     9: "latency percentiles",
     10: "export (opsets 9-15) and multi-device consistency",
 }
-HUGGY_PARAMS = (566_805, 566_826)  # REFERENCE.md: Huggy's actor, linear layers / with log_sigma
 
 
 @dataclass
@@ -102,93 +107,6 @@ def fig_line(figs: Dict[str, Any]) -> str:
     return " ".join(f"{k}={fmt(v)}" for k, v in figs.items())
 
 
-# --- the input -------------------------------------------------------------------------------------
-def bundled_fixtures() -> Optional[Path]:
-    """The fixtures folder of a source checkout (None from an installed package)."""
-    p = Path(__file__).resolve().parents[2] / "fixtures"
-    return p if (p / "huggy").is_dir() else None
-
-
-@dataclass
-class Target:
-    """What the matrix runs on: the main checkpoint, what lies beside it, and the variant fixtures."""
-
-    ck: Path
-    label: str
-    run_dir: Optional[Path] = None
-    older: Optional[Path] = None
-    newest_step: Optional[int] = None
-    variants: Dict[str, Optional[Path]] = field(default_factory=dict)
-    variants_dir: Optional[Path] = None
-    manifest: Dict[str, dict] = field(default_factory=dict)
-    expect_params: Optional[Tuple[int, int]] = None  # the bundled Huggy's known counts
-
-    @property
-    def official(self) -> Optional[Path]:
-        p = self.ck.with_suffix(".onnx")
-        return p if p.is_file() else None
-
-
-def _run_dir_of(ck: Path) -> Optional[Path]:
-    """The run directory ``<run>/<Behavior>/<Behavior>-<step>.pt`` lies in (it has the status file)."""
-    root = ck.parent.parent
-    return root if (root / C.STATUS_FILE).is_file() else None
-
-
-def _target_from(path: Path, label: str) -> Target:
-    if not path.exists():
-        raise InputError("no such file or directory", path)
-    if path.is_dir():
-        run_dir, ck = path, newest_checkpoint(path)
-    elif path.suffix.lower() in CKPT_SUFFIXES:
-        run_dir, ck = _run_dir_of(path), path
-    else:
-        raise InputError(f"the matrix runs on a checkpoint (.pt) or a run directory, not '{path.suffix or path.name}'",
-                         path)
-    t = Target(ck, label, run_dir)
-    if run_dir is not None:
-        same = [p for p in step_checkpoints(run_dir) if p.parent == ck.parent]
-        t.older = next((p for p in same if p != ck), None)
-        t.newest_step = int(same[-1].stem.rsplit("-", 1)[1]) if same else None
-    return t
-
-
-def _fixtures_target(fx: Path) -> Target:
-    huggy = fx / "huggy"
-    if not fx.is_dir():
-        raise InputError("no fixtures folder", fx)
-    if not (huggy.is_dir() and step_checkpoints(huggy)):
-        raise InputError("no Huggy fixture (expected huggy/Huggy/Huggy-<step>.pt)", huggy)
-    t = _target_from(huggy, f"fixtures {display_path(fx)}")
-    t.expect_params = HUGGY_PARAMS
-    t.variants_dir = fx / "variants"
-    if t.variants_dir.is_dir():
-        for d in sorted(p for p in t.variants_dir.iterdir() if p.is_dir()):
-            ck = step_checkpoints(d)
-            t.variants[d.name] = ck[-1] if ck else None
-    mf = fx / "manifest.json"
-    if mf.is_file():
-        try:
-            t.manifest = {run.get("name"): run for run in json.loads(mf.read_text()).get("runs", [])}
-        except (OSError, ValueError):
-            t.manifest = {}
-    return t
-
-
-def resolve_target(source: Optional[Path] = None, fixtures: Optional[Path] = None) -> Target:
-    """``source`` (a checkpoint or run directory), or a ``fixtures`` folder laid out as the bundled one
-    (huggy/ and variants/), or, with neither, the bundled fixtures of a source checkout."""
-    if source is not None and fixtures is not None:
-        raise InputError("give a checkpoint / run directory or --fixtures, not both", source)
-    if source is not None:
-        return _target_from(Path(source), display_path(source))
-    fx = Path(fixtures) if fixtures is not None else bundled_fixtures()
-    if fx is None:
-        raise InputError("no checkpoint or run directory given (the bundled fixtures exist only in a source "
-                         "checkout): huggy-convert matrix CKPT|RUN_DIR")
-    return _fixtures_target(fx)
-
-
 # --- the run's context -----------------------------------------------------------------------------
 NEEDS = {  # need -> (what it is, whether the matrix has it)
     "official": ("the official ONNX ML-Agents wrote beside the checkpoint", lambda m: m.off is not None),
@@ -199,8 +117,7 @@ NEEDS = {  # need -> (what it is, whether the matrix has it)
                  lambda m: m.root_onnx.is_file() and m.root_ck.is_file()),
     "variants": ("variant fixtures (--fixtures or the bundled ones)", lambda m: bool(m.present_variants())),
     "normalizer": ("a normalizer (normalize: true)", lambda m: m.spec.normalize),
-    "continuous": ("continuous actions", lambda m: bool(m.spec.continuous_size)),
-    "ppo_continuous": ("a PPO continuous head", lambda m: bool(m.spec.continuous_size) and m.spec.algorithm == "ppo"),
+    **{t: (described(t), lambda m, t=t: t in m.traits) for t in ("normal_sample", "fixed_sigma")},
     "cuda": ("a cuda device", lambda m: any(d.startswith("cuda") for d in m.devices)),
     "npu": ("a npu device", lambda m: any(d.startswith("npu") for d in m.devices)),
     "cuda_ep": ("onnxruntime's CUDA execution provider", lambda m: "CUDAExecutionProvider" in m.providers),
@@ -219,7 +136,7 @@ class Matrix:
         self.root_ck = self.ck.parent / C.CHECKPOINT_FILE
         self.cases: List[Case] = []
         counters: Dict[int, int] = {}
-        for d in TABLE:
+        for d in sorted(TABLE, key=lambda d: d.group):  # stable: a group's cases in registration order
             counters[d.group] = counters.get(d.group, 0) + 1
             self.cases.append(Case(f"{d.group}.{counters[d.group]}", d.group, d.title, d.command(self), d))
 
@@ -230,6 +147,11 @@ class Matrix:
     @property
     def spec(self):
         return self.main.spec
+
+    @property
+    def traits(self):
+        """The input's traits (``modes.ports.traits``)."""
+        return traits(self.spec)
 
     # --- helpers --------------------------------------------------------------------------
     def src(self, path) -> Source:
@@ -263,8 +185,8 @@ class Matrix:
             if ck is None:
                 raise Skip(f"fixture variant '{name}' is not present")
             return ck
-        test, what = VARIANTS[name]
-        if test is not None and test(self.spec):
+        trait, what = VARIANTS[name]
+        if trait is not None and trait in self.traits:
             return self.ck
         raise Skip(f"needs {what}: {self.t.label} is {self.spec.family}")
 

@@ -10,8 +10,6 @@ they could not be recovered, and the command exits 2.
 """
 from __future__ import annotations
 
-import io
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +21,9 @@ from .. import contract as C
 from ..converter import Checkpoint, load_checkpoint, load_policy
 from ..converter.reference import read_onnx
 from ..core.artifacts import SAFETENSORS, SUFFIXES
-from ..core.files import load_npz, read_input_file
 from ..core.policy import Policy
-from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
-from ..errors import DeviceError, InputError, UnsupportedError, describe
+from ..core.spec import OBS_VECTOR, PolicySpec
+from ..errors import DeviceError, InputError, UnsupportedError
 from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
 from ..importers import is_onnx_source
@@ -34,10 +31,16 @@ from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
 from ..pipeline import Prepared, default_reference, prepare_conversion
 from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
 from ..runtime import ModuleRunner, OrtRunner, Runner, complete_feed, make_probes, random_obs, zeros_obs
+from .observations import obs_feed, read_obs_file
+from .onnx_view import OnnxView, load_onnx
+
+__all__ = [  # what the modes, the API and the tests import from here (some defined beside it)
+    "CKPT_SUFFIXES", "DTYPES", "KIND_CHECKPOINT", "KIND_ONNX", "KIND_POLICY", "RUNTIME_ORT", "RUNTIME_TORCH",
+    "OnnxView", "Source", "devices_present", "display_path", "load_onnx", "load_source", "make_feed",
+    "make_runner", "obs_feed", "read_obs_file", "run_inventory", "to_jsonable"]
 
 KIND_CHECKPOINT, KIND_POLICY, KIND_ONNX = "checkpoint", "policy", "onnx"
 RUNTIME_TORCH, RUNTIME_ORT = "torch", "onnxruntime"
-CONSTANT_OUTPUTS = (C.OUT_VERSION, C.OUT_MEMORY, C.OUT_CONT_SHAPE, C.OUT_DISC_SHAPE)
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
 
@@ -69,89 +72,6 @@ def run_inventory(run_dir) -> Dict[str, object]:
                                    "pt_present": not it.missing, "onnx": display_path(onnx_p),
                                    "onnx_present": onnx_p.is_file(), "newest": it.newest})
     return out
-
-
-# --- ONNX reading ------------------------------------------------------------------------
-def load_onnx(path):
-    """An ML-Agents policy ONNX, read and validated (``converter.reference.read_onnx``)."""
-    return read_onnx(path)[0]
-
-
-class OnnxView:
-    """What an ML-Agents-shaped ONNX says about itself: I/O, constants, folded normalizer."""
-
-    def __init__(self, model):
-        from onnx import numpy_helper
-
-        self.model = model
-        g = model.graph
-        self.inits = {t.name: t for t in g.initializer}
-        self.alias: Dict[str, str] = {}
-        for n in g.node:
-            if n.op_type == "Identity" and n.input[0] in self.inits:
-                self.alias[n.output[0]] = n.input[0]
-        self.consumers: Dict[str, List] = {}
-        for n in g.node:
-            for x in n.input:
-                self.consumers.setdefault(x, []).append(n)
-        self.producer = {o: n for n in g.node for o in n.output}
-        self._np = numpy_helper.to_array
-        init_names = set(self.inits)
-        self.inputs = [(i.name, [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
-                       for i in g.input if i.name not in init_names]
-        self.outputs = [o.name for o in g.output]
-        self.opset = {o.domain or "": o.version for o in model.opset_import}.get("", 0)
-
-    def tensor(self, name: str) -> Optional[np.ndarray]:
-        name = self.alias.get(name, name)
-        t = self.inits.get(name)
-        if t is not None:
-            return self._np(t)
-        n = self.producer.get(name)
-        if n is not None and n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    return self._np(a.t)
-        return None
-
-    def output_constant(self, out: str) -> Optional[np.ndarray]:
-        n = self.producer.get(out)
-        if n is not None and n.op_type == "Identity":
-            return self.tensor(n.input[0])
-        return None
-
-    def obs_scale(self, i: int) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
-        """(running_mean, folded divisor) of observation ``i``: Sub(obs_i, mean) -> Div(., D)."""
-        name = C.OBS_INPUT.format(i=i)
-        for n in self.consumers.get(name, []):
-            if n.op_type == "Sub" and n.input[0] == name:
-                mean = self.tensor(n.input[1])
-                for d in self.consumers.get(n.output[0], []):
-                    if d.op_type == "Div":
-                        return mean, self.tensor(d.input[1])
-        return None, None
-
-    def parameter_counts(self) -> Tuple[int, int]:
-        """(linear layers incl. LSTM and convolutions, + log_sigma) from the graph's Gemm/LSTM/MatMul/Conv/Add initializers
-        (a Linear on a 3-D input is a MatMul and an Add of its bias; the other Add of an initializer
-        is PPO's log_sigma; the 0-d exponents of 0.30's Pow are no parameters)."""
-        lin, sig = 0, 0
-        for n in self.model.graph.node:
-            if n.op_type in ("Gemm", "LSTM", "MatMul", "Conv"):
-                size = sum(int(t.size) for t in (self.tensor(x) for x in n.input[1:4] if x) if t is not None)
-                if C.SCOPE_LOG_SIGMA_MARK in n.name or (n.op_type == "Gemm" and C.SCOPE_LOG_SIGMA_MARK in n.input[1]):
-                    sig += size
-                else:
-                    lin += size
-            elif n.op_type == "Add":
-                after_matmul = any(getattr(self.producer.get(x), "op_type", "") == "MatMul" for x in n.input)
-                for x in n.input:
-                    t = self.tensor(x) if (self.alias.get(x, x) in self.inits) else None
-                    if t is not None and (after_matmul or C.SCOPE_BODY_MARK in n.name):
-                        lin += int(t.size)  # a Linear's bias on a 3-D input; a generated layer's (goal)
-                    elif t is not None:
-                        sig += int(t.size)
-        return lin, lin + sig
 
 
 # --- sources -----------------------------------------------------------------------------
@@ -286,120 +206,6 @@ def _onnx_source(p: Path) -> Source:
     prep = prepare_conversion(ckpt, p, lenient=True)  # the ONNX its own reference, as convert does
     pol = prep.conversion.policy
     return Source(p, KIND_ONNX, pol.spec, policy=pol, checkpoint=ckpt, model=m, prepared=prep)
-
-
-# --- observations ------------------------------------------------------------------------
-def _as_rows(a, dims, name: str, path: Path, what: str = "") -> np.ndarray:
-    """``a`` as float32 rows of ``dims`` (an int: a vector's width); one row may come without its
-    batch axis. A wrong shape is one line naming the input, the shape given and the one expected."""
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    try:
-        a = np.asarray(a, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise InputError(f"'{name}' is not a numeric array", path) from None
-    if a.ndim == len(dims):
-        a = a.reshape((1,) + a.shape)
-    if a.shape[1:] != dims or a.shape[0] == 0:
-        raise InputError(f"'{name}' has shape {list(a.shape)}, expected [rows, {', '.join(map(str, dims))}]"
-                         + (f" ({what})" if what else ""), path)
-    return np.ascontiguousarray(a)
-
-
-def _describe_input(spec: PolicySpec, i: int, given=None) -> str:
-    """What observation ``i`` is, for an input-shape error (``given``: the shape given, to recognise an
-    image in HWC where NCHW belongs)."""
-    shape = spec.obs_shape(i)
-    if spec.obs_kind(i) == OBS_VISUAL:
-        c, h, w = shape
-        hint = ""
-        if given is not None and tuple(given[-3:]) == (h, w, c) and (h, w, c) != (c, h, w):
-            hint = ": this one is HWC (channels last), transpose it to NCHW, e.g. x.transpose(0, 3, 1, 2)"
-        elif given is not None and len(given) in (3, 4) and tuple(given[-3:]) != (c, h, w):
-            hint = f": a {'x'.join(map(str, given[-3:]))} image is not this policy's {c}x{h}x{w}"
-        return (f"a camera of {c} channels, {h}x{w} pixels, fed channels first (NCHW) as Unity feeds it, "
-                f"to a {spec.vis_encode_type} encoder{hint}")
-    if spec.obs_kind(i) == OBS_ENTITY:
-        return (f"a variable-length observation: up to {shape[0]} entities of {shape[1]} features; an entity "
-                f"whose squared features sum below {C.ENTITY_MASK_BELOW} is padding")
-    return ""
-
-
-def _split_flat(spec: PolicySpec, a, path: Path) -> Dict[str, np.ndarray]:
-    other = [i for i in range(spec.obs_count) if spec.obs_kind(i) != OBS_VECTOR]
-    if other:
-        i = other[0]
-        raise InputError(f"one flat array cannot hold {C.OBS_INPUT.format(i=i)} "
-                         f"[rows, {', '.join(map(str, spec.obs_shape(i)))}] ({_describe_input(spec, i)}): give an .npz "
-                         "(or a JSON object) with one array per input", path)
-    total = spec.obs_total
-    arr = _as_rows(a, total, "observations", path) if np.asarray(a).ndim <= 2 else None
-    if arr is None:
-        raise InputError(f"observations must be [rows, {total}]", path)
-    out, start = {}, 0
-    for i, n in enumerate(spec.obs_sizes):
-        out[C.OBS_INPUT.format(i=i)] = np.ascontiguousarray(arr[:, start:start + n])
-        start += n
-    return out
-
-
-def _named(spec: PolicySpec, d: Dict[str, object], path: Path) -> Dict[str, np.ndarray]:
-    names = spec.input_names()
-    unknown = [k for k in d if k not in names]
-    if unknown:
-        raise InputError(f"unknown input '{unknown[0]}' (the policy takes {', '.join(names)})", path)
-    out = {}
-    for i in range(spec.obs_count):
-        k = C.OBS_INPUT.format(i=i)
-        if k not in d:
-            raise InputError(f"missing input '{k}'", path)
-        out[k] = _as_rows(d[k], spec.obs_shape(i), k, path, _describe_input(spec, i, np.shape(d[k])))
-    if C.ACTION_MASKS in d:
-        out[C.ACTION_MASKS] = _as_rows(d[C.ACTION_MASKS], spec.discrete_total, C.ACTION_MASKS, path)
-    if C.RECURRENT_IN in d:
-        m = np.asarray(d[C.RECURRENT_IN], np.float32)
-        out[C.RECURRENT_IN] = m.reshape(m.shape[0] if m.ndim > 1 else 1, 1, spec.memory_size)
-    rows = {v.shape[0] for v in out.values()}
-    if len(rows) != 1:
-        raise InputError(f"inputs disagree on the number of rows: {sorted(rows)}", path)
-    return out
-
-
-def obs_feed(spec: PolicySpec, obs, path=None) -> Dict[str, np.ndarray]:
-    """Observations given in memory, checked as an observation file's are: a dict by input name (masks and
-    memories may come with them), one array per observation (a list or tuple of arrays), or one array of
-    rows of the observations' concatenation; one row may come without its batch axis."""
-    if isinstance(obs, dict):
-        return _named(spec, obs, path)
-    if isinstance(obs, (list, tuple)) and obs and all(isinstance(o, np.ndarray) for o in obs):
-        if len(obs) != spec.obs_count:
-            raise InputError(f"{len(obs)} observation arrays for a policy of {spec.obs_count} observations "
-                             f"({', '.join(spec.input_names()[:spec.obs_count])})", path)
-        return _named(spec, {C.OBS_INPUT.format(i=i): o for i, o in enumerate(obs)}, path)
-    return _split_flat(spec, obs, path)
-
-
-def read_obs_file(spec: PolicySpec, path) -> Dict[str, np.ndarray]:
-    """.npy (rows x obs width; several observations: their concatenation), .npz (arrays by input
-    name) or .json (a list of rows, or an object by input name)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such observation file", p)
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".npy":
-            return _split_flat(spec, np.load(io.BytesIO(read_input_file(p, "observation file")), allow_pickle=False), p)
-        if suffix == ".npz":
-            return _named(spec, load_npz(p, "observation file"), p)
-        if suffix == ".json":
-            doc = json.loads(read_input_file(p, "observation file").decode("utf-8"))
-            if isinstance(doc, dict):
-                return _named(spec, doc, p)
-            return _split_flat(spec, doc, p)
-    except InputError:
-        raise
-    except Exception as exc:
-        raise InputError(f"not a readable observation file ({describe(exc, 120)})", p) from None
-    raise InputError(f"unknown observation file type '{suffix}': give .npy, .npz or .json", p)
 
 
 def make_feed(src: Source, obs: str = "random", rows: int = 1, seed: int = 0) -> Dict[str, np.ndarray]:
