@@ -102,6 +102,6 @@ def test_export_reuses_the_reference_load_source_read(tmp_path, monkeypatch):
         assert r.ok and r.data["checks"] and calls == [], (path, calls)
     other = tmp_path / "elsewhere.onnx"
     shutil.copyfile(OFFICIAL, other)
-    r = export_mode.export(load_source(HUGGY), 13, tmp_path / "other.onnx", reference=other)
+    r = export_mode.export(load_source(HUGGY), 13, tmp_path / "other.onnx", export_mode.ExportOptions(reference=other))
     assert r.ok and r.data["checks"] and calls == ["load_reference", "prepare_conversion"]
     assert "elsewhere.onnx" in r.data["reference"]

@@ -12,10 +12,10 @@ from ..errors import DeviceError, InputError
 from ..modes.actions import act, sample
 from ..modes.batch_sizes import batch_sizes
 from ..modes.benchmark import RUNTIMES as ALL
-from ..modes.benchmark import benchmark
+from ..modes.benchmark import Timing, benchmark
 from ..modes.common import ModeResult
 from ..modes.compare import onnx_compare_paths
-from ..modes.export import export
+from ..modes.export import ExportOptions, export
 from ..modes.fingerprint import STEPS as FINGERPRINT_STEPS
 from ..modes.fingerprint import fingerprint
 from ..modes.info import info
@@ -163,7 +163,7 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
     return benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
-                     dtype, warmup, iters, seed, threads=threads)
+                     Timing(dtype, warmup, iters, seed, threads))
 
 
 @click.command("export", cls=Command)
@@ -180,7 +180,7 @@ def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, d
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
     opset can be written: a different one needs the canonical tensors (exit 2)."""
-    return export(load_source(source), opset, out, noise_input, device, dtype, rows, seed, reference)
+    return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference))
 
 
 @click.command("matrix", cls=Command)

@@ -6,6 +6,7 @@ bitwise in onnxruntime)."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -40,52 +41,105 @@ def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
     return None
 
 
-def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] = None, noise_input: bool = False,
-           device: str = "cpu", dtype: str = "float32", rows: int = 64, seed: int = 0,
-           reference: Optional[Path] = None) -> ModeResult:
-    """Write the ONNX, check it with onnx.checker (full_check) and verify it as a conversion does:
-    against the official ONNX (verify's checks 2 and 3, verify.engine.compare_with_official) when there
-    is one, else against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
-    import onnx
+@dataclass(frozen=True)
+class ExportOptions:
+    """How an export is written and checked beside its opset and file: ``noise_input`` (RandomNormalLike
+    as an input), the device and dtype asked (CPU float32: the reference runtime, the Unity contract),
+    the probes' ``rows`` and ``seed``, and the official ONNX to verify against (``reference``; default:
+    the one beside a checkpoint)."""
 
+    noise_input: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    rows: int = 64
+    seed: int = 0
+    reference: Optional[Path] = None
+
+
+def _refuse(src: Source, opset: int, o: ExportOptions) -> None:
     if opset not in C.ONNX_OPSETS:
         raise ExportError(f"opset {opset} is not supported: choose one of {C.ONNX_OPSETS[0]}-{C.ONNX_OPSETS[-1]} "
                           f"({C.opset_story()})")
-    if dtype != "float32":
-        raise ExportError(f"--dtype {dtype}: the Unity-contract ONNX is float32 (cast at deployment, e.g. ATC "
+    if o.dtype != "float32":
+        raise ExportError(f"--dtype {o.dtype}: the Unity-contract ONNX is float32 (cast at deployment, e.g. ATC "
                           "--precision_mode; the torch module takes --dtype)", src.path)
-    if device not in ("cpu", "auto"):
-        raise DeviceError(f"--device {device}: export verifies in onnxruntime's CPU execution provider, the "
+    if o.device not in ("cpu", "auto"):
+        raise DeviceError(f"--device {o.device}: export verifies in onnxruntime's CPU execution provider, the "
                           "reference runtime")
-    out = Path(out) if out else default_out(src, opset)
-    if out.exists() and out.resolve() == src.path.resolve():
-        raise InputError("refusing to overwrite the input: choose another --out", out)
-    official_path = _official_for(src, reference)
-    prepared = None  # load_source's decision against this very reference: its official ONNX and policy reused
-    if official_path is not None and src.prepared is not None and src.prepared.reference == official_path:
-        prepared = src.prepared
-    official = None
-    if prepared is not None:
-        official = prepared.official
-    elif official_path is not None:
-        official = load_reference(official_path)
-    r = ModeResult("export")
+
+
+def _build(src: Source, opset: int, noise_input: bool, official_path, prepared, official, r: ModeResult):
+    """(the policy exported, the ONNX's bytes): rebuilt from the canonical tensors, or an ONNX without
+    them written unchanged where it already is what was asked."""
     policy = src.policy
     if src.kind == KIND_ONNX and not src.has_tensors:
         have = src.onnx_view.opset
         if have != opset or noise_input:
             what = f"opset {have} to opset {opset}" if have != opset else "with a noise input"
             src.require_tensors(f"re-exporting an ONNX {what}")
-        model = src.model
         r.data["note"] = f"the ONNX is already opset {opset}: written unchanged"
-        data = src.path.read_bytes()
-    else:
-        if official is not None and src.checkpoint is not None:  # the divisor decided against it, as convert does
-            policy = (prepared or prepare_conversion(src.checkpoint, official_path)).conversion.policy
-        model = build_onnx(policy, opset)
-        if noise_input:
-            model = with_noise_input(model)
-        data = model_bytes(model)
+        return policy, src.path.read_bytes()
+    if official is not None and src.checkpoint is not None:  # the divisor decided against it, as convert does
+        policy = (prepared or prepare_conversion(src.checkpoint, official_path)).conversion.policy
+    model = build_onnx(policy, opset)
+    if noise_input:
+        model = with_noise_input(model)
+    return policy, model_bytes(model)
+
+
+def _against_official(policy, loaded, official, official_path, o: ExportOptions, out: Path):
+    """verify's checks 2 and 3 against the official ONNX: (per output figures, the checks, matched)."""
+    checks = compare_with_official(policy, loaded, official, official_path, VerifyOptions(rows=o.rows, seed=o.seed),
+                                   subject=display_path(out))
+    outs: Dict[str, Dict] = {}
+    for ch in checks[-1].children:
+        f = ch.figures or {}
+        if "count" in f:
+            c = Comparison.of(f, ch.status != "fail", "verify's check 3")
+            outs[ch.title] = dict(c.figures(), bitwise=c.bitwise, ok=c.ok)
+    return outs, checks, all(c.status != "fail" for c in checks)
+
+
+def _against_rebuild(src: Source, policy, loaded, o: ExportOptions) -> Dict[str, Dict]:
+    """No official ONNX: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime, bitwise."""
+    ref_model = src.reference_onnx() if src.kind == KIND_ONNX else build_onnx(policy, C.ONNX_OPSET_DEFAULT)
+    feed = make_feed(src, "probes", o.rows, o.seed)
+    if o.noise_input:
+        ref_model = with_noise_input(ref_model)
+        feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), o.rows, o.seed)})
+    want, got = OrtRunner(ref_model).infer(feed), OrtRunner(loaded).infer(feed)
+    outs: Dict[str, Dict] = {}
+    for name, a in want.items():
+        if name in STOCHASTIC and not (o.noise_input and name == C.OUT_CONT):
+            continue
+        if name not in got:
+            outs[name] = {"missing": True, "ok": False}
+            continue
+        c = compare_arrays(a, got[name])
+        outs[name] = dict(c.figures(), bitwise=c.bitwise, ok=c.bitwise and a.dtype == got[name].dtype)
+    return outs
+
+
+def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] = None,
+           options: ExportOptions = ExportOptions()) -> ModeResult:
+    """Write the ONNX, check it with onnx.checker (full_check) and verify it as a conversion does:
+    against the official ONNX (verify's checks 2 and 3, verify.engine.compare_with_official) when there
+    is one, else against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
+    import onnx
+
+    o = options
+    _refuse(src, opset, o)
+    out = Path(out) if out else default_out(src, opset)
+    if out.exists() and out.resolve() == src.path.resolve():
+        raise InputError("refusing to overwrite the input: choose another --out", out)
+    official_path = _official_for(src, o.reference)
+    prepared = None  # load_source's decision against this very reference: its official ONNX and policy reused
+    if official_path is not None and src.prepared is not None and src.prepared.reference == official_path:
+        prepared = src.prepared
+    official = prepared.official if prepared is not None else (
+        load_reference(official_path) if official_path is not None else None)
+    r = ModeResult("export")
+    policy, data = _build(src, opset, o.noise_input, official_path, prepared, official, r)
     atomic_write_bytes(out, data)
     loaded = onnx.load(str(out))
     try:
@@ -93,64 +147,45 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         checker = "pass"
     except Exception as exc:
         checker = f"FAIL: {describe(exc, 160)}"
-    r.ok = checker == "pass"
-    outs: Dict[str, Dict] = {}
     checks = []
-    if official is not None and not noise_input:
-        checks = compare_with_official(policy, loaded, official, official_path, VerifyOptions(rows=rows, seed=seed),
-                                       subject=display_path(out))
-        for ch in checks[-1].children:
-            f = ch.figures or {}
-            if "count" in f:
-                c = Comparison.of(f, ch.status != "fail", "verify's check 3")
-                outs[ch.title] = dict(c.figures(), bitwise=c.bitwise, ok=c.ok)
-        matched = all(c.status != "fail" for c in checks)
+    if official is not None and not o.noise_input:
+        outs, checks, matched = _against_official(policy, loaded, official, official_path, o, out)
         ref_text = f"official {display_path(official_path)} (verify's checks 2 and 3)"
     else:
-        # no official ONNX: the opset-9 rebuild (an ONNX input: itself), same probes, onnxruntime, bitwise
-        ref_model = src.reference_onnx() if src.kind == KIND_ONNX else build_onnx(policy, C.ONNX_OPSET_DEFAULT)
-        feed = make_feed(src, "probes", rows, seed)
-        if noise_input:
-            ref_model = with_noise_input(ref_model)
-            feed = dict(feed, **{C.NOISE_INPUT: make_noise(src.probe_policy(), rows, seed)})
-        want, got = OrtRunner(ref_model).infer(feed), OrtRunner(loaded).infer(feed)
-        for name, a in want.items():
-            if name in STOCHASTIC and not (noise_input and name == C.OUT_CONT):
-                continue
-            if name not in got:
-                outs[name] = {"missing": True, "ok": False}
-                continue
-            c = compare_arrays(a, got[name])
-            outs[name] = dict(c.figures(), bitwise=c.bitwise, ok=c.bitwise and a.dtype == got[name].dtype)
-        matched = all(o["ok"] for o in outs.values())
+        outs = _against_rebuild(src, policy, loaded, o)
+        matched = all(x["ok"] for x in outs.values())
         ref_text = ("the input ONNX" if src.kind == KIND_ONNX else "opset-9 rebuild") + " (onnxruntime cpu, bitwise)"
     if src.kind == KIND_ONNX and src.has_tensors:
         r.data["note"] = "rebuilt from the tensors recovered from the input ONNX"
-    r.ok = r.ok and matched
-
-    r.data.update({"source": src.label, "out": display_path(out), "opset": opset, "noise_input": noise_input,
+    r.ok = checker == "pass" and matched
+    r.data.update({"source": src.label, "out": display_path(out), "opset": opset, "noise_input": o.noise_input,
                    "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "checker_full_check": checker,
-                   "reference": ref_text, "rows": rows, "seed": seed, "outputs": outs, "matches_reference": matched,
-                   "bitwise": bool(outs) and all(o.get("bitwise", False) for o in outs.values())})
+                   "reference": ref_text, "rows": o.rows, "seed": o.seed, "outputs": outs, "matches_reference": matched,
+                   "bitwise": bool(outs) and all(x.get("bitwise", False) for x in outs.values())})
     if checks:
         r.data["checks"] = [c.to_dict() for c in checks]
-
     r.data["atc"] = atc_plan(loaded, display_path(out), src.spec)
-    r.lines.append(f"export {src.label} -> {display_path(out)} (opset {opset}{', noise input' if noise_input else ''}, "
-                   f"{len(data):,} bytes, sha256 {r.data['sha256'][:16]}…)")
-    if "note" in r.data:
-        r.lines.append(f"  note: {r.data['note']}")
+    _render(r, src, checks)
+    return r
+
+
+def _render(r: ModeResult, src: Source, checks) -> None:
+    d = r.data
+    r.lines.append(f"export {src.label} -> {d['out']} (opset {d['opset']}{', noise input' if d['noise_input'] else ''}, "
+                   f"{d['bytes']:,} bytes, sha256 {d['sha256'][:16]}…)")
+    if "note" in d:
+        r.lines.append(f"  note: {d['note']}")
+    checker = d["checker_full_check"]
     r.lines.append(f"  {'✓' if checker == 'pass' else '✗'} onnx.checker full_check: {checker}")
-    r.lines.append(f"  against {ref_text}:")
+    r.lines.append(f"  against {d['reference']}:")
     if checks:
         for c in checks:
             for ch in c.children:
                 mark = {"fail": "✗", "warn": "!"}.get(ch.status, "✓")
                 r.lines.append(f"  {mark} {c.title.split(' ')[0]} {ch.title}: {ch.summary}")
     else:
-        for name, o in outs.items():
+        for name, o in d["outputs"].items():
             text = "missing" if o.get("missing") else (f"{o['bitwise_equal']}/{o['count']} equal" if "mismatches" in o else
                                                        f"max_abs={g(o['max_abs'], 3)} bitwise={o['bitwise_equal']}/{o['count']}")
-            r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} on {rows} probes: {text}")
-    r.lines += render(r.data["atc"])
-    return r
+            r.lines.append(f"  {'✓' if o['ok'] else '✗'} {name} on {d['rows']} probes: {text}")
+    r.lines += render(d["atc"])

@@ -116,14 +116,17 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
         v = src.onnx_view
         d["onnx"] = {"opset": v.opset, "producer": f"{src.model.producer_name} {src.model.producer_version}".strip(),
                      "inputs": {n: s for n, s in v.inputs}, "outputs": v.outputs, "nodes": len(src.model.graph.node)}
-    inv = None
     run_dir = p if p.is_dir() else None
     if run_dir is not None:
-        inv = run_inventory(run_dir)
-        d["inventory"] = inv
+        d["inventory"] = run_inventory(run_dir)
     r.data = d
+    _render(r, src, recovered, run_dir is not None)
+    return r
 
-    L = r.lines
+
+def _render(r: ModeResult, src: Source, recovered, run_dir: bool) -> None:
+    d, L, spec = r.data, r.lines, src.spec
+    params, norm, env, inv = d["parameters"], d["normalizer"], d["environment"], d.get("inventory")
     L.append(f"{d['source']}  ({d['kind']}{', newest checkpoint ' + src.label if run_dir else ''})")
     L.append(f"  spec: {spec.family}")
     L.append(f"  parameters: {params['linear']:,} in the linear layers, {params[C.P_WITH_LOG_SIGMA]:,} with the log sigma"
@@ -168,4 +171,3 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
              f"python {env['python']}")
     L.append("  devices: " + ", ".join(f"{k} ({v})" for k, v in env["devices"].items())
              + f"; onnxruntime providers: {', '.join(env['onnxruntime_providers'])}")
-    return r

@@ -38,7 +38,7 @@ from ..verify.compare import compare_arrays
 from . import matrix_cases, matrix_loops, matrix_numerics
 from .actions import sample
 from .common import FAIL, PASS, SKIP, ModeResult, fp32_agree, fp32_reference, g
-from .export import export
+from .export import ExportOptions, export
 from .info import environment
 from .matrix_table import TABLE, VARIANTS, CaseDef, Outcome, Skip, _st
 from .matrix_target import Target, resolve_target
@@ -215,7 +215,7 @@ class Matrix:
     def exported(self, opset: int, ck: Optional[Path] = None, noise: bool = False):
         ck = ck or self.ck
         p = self.file(f"{ck.stem}.opset{opset}{'.noise' if noise else ''}.onnx")
-        return p, export(self.src(ck), opset, p, noise_input=noise)
+        return p, export(self.src(ck), opset, p, ExportOptions(noise_input=noise))
 
     def det(self, path, feed, device="cpu", dtype="float32", runtime="auto"):
         return make_runner(self.src(path), device, dtype, runtime).deterministic(feed)

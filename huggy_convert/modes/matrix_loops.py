@@ -11,7 +11,7 @@ from ..exporters.devices import resolve_device
 from ..exporters.torch_module import build_module, export_program, save_program
 from ..runtime import ModuleRunner, ProgramRunner
 from ..verify.checks import check_onnx_structure
-from .benchmark import benchmark
+from .benchmark import Timing, benchmark
 from .export import export
 from .matrix_table import LATENCY_BUDGET_MS, Outcome, Skip, case
 from .ports import main_output
@@ -101,7 +101,7 @@ for _dev in ("cuda", "npu"):
 # 9 latency -----------------------------------------------------------------------------------------
 def c_lat(m, runtime, device="cpu", batch=1, onnx_input=False):
     path = m.off if onnx_input else m.ck
-    r = benchmark(path, [device], [runtime], [batch], "float32", warmup=20, iters=200, src=m.src(path))
+    r = benchmark(path, [device], [runtime], [batch], Timing("float32", warmup=20, iters=200), src=m.src(path))
     row = r.timings["rows"][0]
     if "skipped" in row:
         raise Skip(row["skipped"])
@@ -131,7 +131,7 @@ case(9, "onnxruntime cpu, official ONNX input, batch 1",
 @case(9, "load time (file -> ready) and RSS delta, torch and onnxruntime", lambda m: m.cmd("benchmark", m.ck, "--device cpu"),
       quick=False)
 def c_load(m):
-    r = benchmark(m.ck, ["cpu"], ["torch", "onnxruntime"], [1], "float32", warmup=2, iters=10)
+    r = benchmark(m.ck, ["cpu"], ["torch", "onnxruntime"], [1], Timing("float32", warmup=2, iters=10))
     t = {f"{x['runtime']}_load_ms": round(x["load_s"] * 1e3, 2) for x in r.timings["rows"]}
     t.update({f"{x['runtime']}_rss_delta_mb": round(x["rss_delta_mb"], 1) for x in r.timings["rows"]})
     ok = all(x["load_s"] < 10.0 and x["rss_delta_mb"] < 1024 for x in r.timings["rows"])

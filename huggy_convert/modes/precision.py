@@ -30,7 +30,6 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
     ref_runner = make_runner(src, "cpu", "float32", runtime)
     ref = ref_runner.deterministic(feed)
     reference = _references(src, feed)
-    f64 = reference("float32") if reference is not None else None
     r = ModeResult("precision")
     results: List[Dict] = []
     for dev in devices:
@@ -43,22 +42,9 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
                 row.update(status=SKIP, reason=exc.message)
                 results.append(row)
                 continue
-            status = PASS
-            outs = {}
             # a half runner exists only from canonical tensors, so only float32 can lack the float64 reference
             tol = tolerance(dt) if reference is None else None
-            for k in names:
-                if tol is not None:  # float32 without canonical tensors: verify's float32 Tolerance
-                    c = tol.compare(ref[k], got[k])
-                    outs[k] = c.figures()
-                elif dt == "float32":  # the derived bound: the same rule on every host
-                    c = fp32_agree(f64, k, ref[k], got[k])
-                    outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
-                else:  # the bound derived for the format
-                    c = half_agree(reference(dt), k, ref[k], got[k])
-                    outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
-                if not c:
-                    status = FAIL
+            outs, status = _judged(names, ref, got, dt, tol, reference)
             row.update(status=status, runtime=runner.runtime, resolved=runner.device)
             if tol is not None:
                 row.update(atol=tol.atol, min_cosine=tol.cosine)
@@ -68,7 +54,34 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
             results.append(row)
     r.data = {"source": src.label, "reference": ref_runner.label, "rows": rows, "seed": seed, "probes":
               "runtime.feeds.make_probes (normalizer scale + clip-hitting outliers)", "results": results}
-    r.lines.append(f"precision {src.label}: against {ref_runner.label} on {rows} probes (seed {seed})")
+    _render(r, src, results)
+    if reference is not None:
+        _atc_modes(r, src, feed, ref, reference, names, devices)
+    return r
+
+
+def _judged(names, ref, got, dt: str, tol, reference):
+    """(each output's figures against the CPU float32 run, PASS or FAIL): ``tol`` (float32 without
+    canonical tensors: verify's float32 Tolerance), else the bound derived for ``dt``."""
+    status, outs = PASS, {}
+    for k in names:
+        if tol is not None:
+            c = tol.compare(ref[k], got[k])
+            outs[k] = c.figures()
+        elif dt == "float32":  # the derived bound: the same rule on every host
+            c = fp32_agree(reference("float32"), k, ref[k], got[k])
+            outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
+        else:  # the bound derived for the format
+            c = half_agree(reference(dt), k, ref[k], got[k])
+            outs[k] = dict(c.figures(), bound_ratio=c.bound_ratio)
+        if not c:
+            status = FAIL
+    return outs, status
+
+
+def _render(r: ModeResult, src: Source, results: List[Dict]) -> None:
+    d = r.data
+    r.lines.append(f"precision {src.label}: against {d['reference']} on {d['rows']} probes (seed {d['seed']})")
     mark = {PASS: "✓", FAIL: "✗", SKIP: "-"}
     for row in results:
         head = f"  {mark[row['status']]} {row['device']:<7} {row['dtype']:<8}"
@@ -83,9 +96,6 @@ def precision(src: Source, devices: Optional[Sequence[str]] = None, dtypes: Sequ
     if src.kind == KIND_ONNX:
         r.lines.append("  note: an ONNX runs through onnxruntime in float32 only; float16/bfloat16 need canonical tensors"
                        + (": --runtime torch uses those recovered from it" if src.has_tensors else ""))
-    if reference is not None:
-        _atc_modes(r, src, feed, ref, reference, names, devices)
-    return r
 
 
 def _references(src: Source, feed):
@@ -172,6 +182,10 @@ def _atc_modes(r: ModeResult, src: Source, feed, ref, reference, names, devices)
     fastest = kept[0]["precision_mode"] if kept else None
     r.data["atc"] = {"reference": "the CPU float32 run above", "modes": rows, "recommended": fastest,
                      "note": "ATC's --keep_dtype keeps the listed nodes' dtype; must_keep_origin_dtype ignores it"}
+    _render_atc(r, rows, fastest, src.spec.normalize)
+
+
+def _render_atc(r: ModeResult, rows: List[Dict], fastest: Optional[str], normalize: bool) -> None:
     r.lines.append("  Ascend ATC precision modes against the CPU float32 run (judged by the bounds derived for "
                    "float16, or float32):")
     for row in rows:
@@ -186,7 +200,7 @@ def _atc_modes(r: ModeResult, src: Source, feed, ref, reference, names, devices)
         r.lines.append(f"    {mark} {row['precision_mode']:<34} {'; '.join(parts)}  ({row['where']}: {row['short']})"
                        + ("" if row["within_bound"] else "  OVER THE BOUND"))
     if fastest:
-        kept_text = " that keeps the normalizer float32" if src.spec.normalize else ""
+        kept_text = " that keeps the normalizer float32" if normalize else ""
         r.lines.append(f"    recommended: {fastest} (the fastest mode within its bound{kept_text}; convert and export "
                        "print the atc command)")
 
