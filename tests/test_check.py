@@ -255,3 +255,29 @@ def test_the_command_exit_codes_and_json():
     assert unknown.returncode == 2 and "unity-7" in unknown.stderr
     missing = run_cli("check", FIXTURES / "nope.onnx")
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+# --- the ATC command per CANN version ------------------------------------------------------------------
+def test_the_atc_command_follows_the_cann_version(tmp_path):
+    from huggy_convert.exporters.atc import atc_plan
+
+    policy = prepare_conversion(load_checkpoint(HYBRID), HYBRID.with_suffix(".onnx")).conversion.policy
+    target = K.TARGETS_BY_NAME["ascend-cann8"]
+    model = build_onnx(policy, target.opset)
+    path = tmp_path / "h.onnx"
+    path.write_bytes(model_bytes(model))
+    plan = atc_plan(model, path, policy.spec, cann=target.cann)
+    assert 11 <= plan["opset"] <= 15
+    assert "--precision_mode_v2=origin" in plan["argv"] and not any(a.startswith("--precision_mode=") for a in plan["argv"])
+    assert "--precision_mode_v2=mixed_float16" in plan["faster_argv"] and f"--keep_dtype={plan['keep_dtype_file']}" in plan["faster_argv"]
+    assert {t["target"]: t["accepts"] for t in plan["opset_accepted_by"]}["Ascend ATC, CANN 8.x"] is True
+    assert check_file(path, target.consumers).ok
+    old = atc_plan(model, path, policy.spec, cann="7.0")
+    assert "--precision_mode=must_keep_origin_dtype" in old["argv"] and "cann_8_5_precision_flag" not in old
+    both = atc_plan(model, path, policy.spec)
+    assert both["precision_flag"] == "--precision_mode=must_keep_origin_dtype"
+    assert both["cann_8_5_precision_flag"] == "--precision_mode_v2=origin"
+    # the ML-Agents default, opset 9, is outside CANN 8.x's window: the hint says so
+    nine = build_onnx(policy, 9)
+    assert {t["target"]: t["accepts"] for t in atc_plan(nine, path, policy.spec)["opset_accepted_by"]}[
+        "Ascend ATC, CANN 8.x"] is False

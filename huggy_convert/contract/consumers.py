@@ -123,3 +123,28 @@ ACTION_OUTPUTS = (_C, _D, _CD, _DD, API_V1_NAMES[1])  # "The model does not cont
 from .unity import OUTPUTS as _OUTPUTS  # noqa: E402
 
 UNITY_OUTPUTS = _OUTPUTS  # every output name an ML-Agents policy has
+
+
+class Target(NamedTuple):
+    """What ``--target`` asks for: the opset written (ML-Agents' 9 for Unity; 13 for Ascend, in every CANN's
+    window), the consumers whose rules the written file is checked against, and for Ascend the CANN
+    version the printed ``atc`` command is for."""
+
+    name: str
+    opset: int
+    consumers: Tuple[str, ...]
+    cann: Optional[str] = None
+    help: str = ""
+
+
+TARGETS = (
+    Target("unity", 9, ("mlagents-2", "mlagents-3", "mlagents-4"), help="ML-Agents' Unity package 2.x-4.x (opset 9, as its exporter)"),
+    Target("sentis", 9, ("mlagents-3", "mlagents-4", "sentis-1", "sentis-2"), help="Unity Sentis / Inference Engine"),
+    Target("barracuda", 9, ("mlagents-2", "barracuda"), help="Unity Barracuda (ML-Agents 2.x)"),
+    Target("ascend", 13, ("cann-5", "cann-6", "cann-7"), cann="7.0", help="Ascend ATC, CANN 5.0-7.0"),
+    Target("ascend-cann8", 13, ("cann-8",), cann="8.5", help="Ascend ATC, CANN 8.x (--precision_mode_v2)"),
+)
+TARGETS_BY_NAME = {t.name: t for t in TARGETS}
+# CANN 8.5's ATC documents --precision_mode_v2 (fp16 its default, origin, mixed_float16, ...; not together
+# with --precision_mode); --keep_dtype does nothing under origin. Before 8.5: --precision_mode.
+PRECISION_V2_FROM = (8, 5)
