@@ -29,15 +29,15 @@ USER_DOCS = {p.relative_to(ROOT).as_posix(): p.read_text()
 def test_one_opset_story_in_help_texts_and_docs():
     story = C.opset_story()
     assert "9 = ML-Agents/Barracuda" in story and "Unity Sentis: 7-15" in story
-    assert "CANN 5.0/6.0: 9-13" in story and "CANN 7.0+: 9-18" in story
+    assert "CANN 5.0/6.0: 9-13" in story and "CANN 7.0: 9-18" in story and "CANN 8.x: 11-15" in story
     for cmd in ("convert", "export"):  # click wraps lines (also after a hyphen): compare without whitespace
         assert "".join(story.split()) in "".join(run_cli(cmd, "--help").stdout.split()), cmd
     for name, text in OPSET_DOCS.items():
         flat = " ".join(text.split())
-        assert "9–13 on CANN 5.0/6.0" in flat and "9–18 on CANN 7.0" in flat, name
+        assert "9–13 on CANN 5.0/6.0" in flat and "9–18 on CANN 7.0" in flat and "11–15 on CANN 8" in flat, name
     for name, text in USER_DOCS.items():
         flat = " ".join(text.split())
-        for wrong in (r"11\s*(\.\.|-|–)\s*15 for[^.]*ATC", r"ATC[^.\n]*11\s*(\.\.|-|–)\s*15"):
+        for wrong in (r"CANN [5-7]\.0[^.\n|]*11\s*(\.\.|-|–)\s*15", r"11\s*(\.\.|-|–)\s*15 on CANN [5-7]", r"CANN 7\.0\+"):
             assert not re.search(wrong, flat), (name, wrong)
 
 
@@ -89,7 +89,8 @@ def test_atc_command_of_the_written_onnx(converted):
     onnx_path = summary["artifacts"]["onnx"]["path"]
     model, cut, outs = _check_plan(summary["atc"], onnx_path)
     assert C.RECURRENT_OUT in outs and summary["atc"]["opset"] == 9
-    assert all(t["accepts"] for t in summary["atc"]["opset_accepted_by"])
+    assert {t["target"]: t["accepts"] for t in summary["atc"]["opset_accepted_by"]} == {
+        "Ascend ATC, CANN 5.0/6.0": True, "Ascend ATC, CANN 7.0": True, "Ascend ATC, CANN 8.x": False}
     # the cut graph gives the full graph's deterministic outputs, bit for bit
     pol_feed = {i.name: np.random.default_rng(0).standard_normal(
         [3] + [d.dim_value for d in i.type.tensor_type.shape.dim[1:]]).astype(np.float32) for i in model.graph.input}
@@ -101,7 +102,7 @@ def test_atc_command_of_the_written_onnx(converted):
     _check_plan(plan, out / "hybrid.onnx")
     assert plan["opset"] == 15
     assert {t["target"]: t["accepts"] for t in plan["opset_accepted_by"]} == {
-        "Ascend ATC, CANN 5.0/6.0": False, "Ascend ATC, CANN 7.0+": True}
+        "Ascend ATC, CANN 5.0/6.0": False, "Ascend ATC, CANN 7.0": True, "Ascend ATC, CANN 8.x": True}
 
 
 def test_atc_command_in_the_text_output(tmp_path):

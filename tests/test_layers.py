@@ -54,6 +54,7 @@ EXPECTED_LAYERS = [
     ("runtime", "host"),
     ("verify",),
     ("importers",),
+    ("conformance",),
     ("pipeline",),
     ("batch",),
     ("console",),

@@ -8,11 +8,13 @@ from pathlib import Path
 import click
 
 from .. import contract as C
+from ..contract.consumers import BY_NAME as _CONSUMERS
 from ..errors import DeviceError, InputError
 from ..modes.actions import act, sample
 from ..modes.batch_sizes import batch_sizes
 from ..modes.benchmark import RUNTIMES as ALL
 from ..modes.benchmark import Timing, benchmark
+from ..modes.check import check
 from ..modes.common import ModeResult
 from ..modes.compare import onnx_compare_paths
 from ..modes.export import ExportOptions, export
@@ -37,6 +39,23 @@ def info_cmd(source, device, dtype, as_json):
 
     SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
     return info(source, device=device, dtype=dtype)
+
+
+CONSUMER_NAMES = list(_CONSUMERS)
+
+
+@click.command("check", cls=Command, subject="onnx")
+@click.argument("onnx", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.onnx")
+@click.option("--for", "consumers", multiple=True, metavar="CONSUMER", type=click.Choice(CONSUMER_NAMES),
+              help="a consumer to check for (repeatable; default: every one): " + ", ".join(CONSUMER_NAMES))
+@json_opt
+def check_cmd(onnx, consumers, as_json):
+    """Will Unity, Barracuda, Sentis and Ascend load this ONNX? Each consumer's loader rules.
+
+    A table of consumers (accepts or not), one line per rule that rejects the file (consumer, rule, what
+    was found, what to do) and the way back for a torch dynamo export. Exit 1 if an asked-for consumer
+    rejects it."""
+    return check(onnx, consumers)
 
 
 @click.command("act", cls=Command)
@@ -215,5 +234,5 @@ def matrix_cmd(source, out, quick, fixtures, only, list_only, as_json):
 for _cmd in (act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, fingerprint_cmd, stats_cmd, benchmark_cmd, export_cmd):
     _cmd.help = inspect.cleandoc(_cmd.help or "") + "\n\n" + SOURCE_HELP
 
-COMMANDS = (info_cmd, act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
+COMMANDS = (info_cmd, check_cmd, act_cmd, sample_cmd, batch_sizes_cmd, precision_cmd, onnx_compare_cmd, fingerprint_cmd, stats_cmd,
             benchmark_cmd, export_cmd, matrix_cmd)

@@ -21,6 +21,11 @@ ATC_PRECISION_DEFAULT = PRECISION_FORCE_FP16
 CANN_EP_PRECISION_DEFAULT = PRECISION_KEEP_ORIGIN  # what verification asks the CANN execution provider for
 KEEP_DTYPE_OPS = ("Sub", "Div", "Clip")  # the normalizer's ONNX nodes --keep_dtype keeps float32
 
+# --precision_mode_v2 (CANN 8.5+; not together with --precision_mode): its values
+PRECISION_V2_ORIGIN = "origin"  # the graph's own dtypes (fp32); --keep_dtype has no effect
+PRECISION_V2_MIXED = "mixed_float16"  # a built-in list decides, op by op; --keep_dtype keeps the nodes it names
+PRECISION_V2_DEFAULT = "fp16"
+
 # onnxruntime's CANN execution provider
 CANN_EP = "CANNExecutionProvider"
 EP_OPT_DEVICE_ID = "device_id"  # CUDA's and CANN's provider option alike

@@ -26,12 +26,14 @@ ONNX_OPSETS = tuple(range(9, 16))  # what this tool rebuilds: 9..15
 # (runtime, first opset, last opset, what says so). ATC: hiascend.com "ONNX算子规格" pages of CANN 5.0.4
 # (canncommercial/5046 .../atctool/atlasatc_16_0164.html) and 6.0.1 (canncommercial/601
 # .../atctool/atctool_0178.html): "ONNX 1.8.0, Opset v9~v13"; CANN 7.0.0 (canncommercial/700
-# .../atctool/atlasatc_16_0201.html): "ONNX 1.12.0, Opset v9~v18".
+# .../atctool/atlasatc_16_0201.html): "ONNX 1.12.0, Opset v9~v18"; CANN 8.0's ATC --framework page:
+# opset v11~v15 (8.x no longer promises 9 or 10). contract.consumers holds the same windows per consumer.
 OPSET_TARGETS = (
     ("Barracuda", 9, 9, "Unity Barracuda (ML-Agents' own target): its opset-13 Clip/Slice/Squeeze forms are not for it"),
     ("Unity Sentis", 7, 15, "Sentis imports opset 7-15 (newer releases more)"),
     ("Ascend ATC, CANN 5.0/6.0", 9, 13, "ATC's ONNX operator spec: ONNX 1.8.0, opset v9-v13"),
-    ("Ascend ATC, CANN 7.0+", 9, 18, "ATC's ONNX operator spec: ONNX 1.12.0, opset v9-v18"),
+    ("Ascend ATC, CANN 7.0", 9, 18, "ATC's ONNX operator spec: ONNX 1.12.0, opset v9-v18"),
+    ("Ascend ATC, CANN 8.x", 11, 15, "ATC's --framework page of CANN 8.0: opset v11-v15"),
 )
 
 
