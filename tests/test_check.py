@@ -281,3 +281,14 @@ def test_the_atc_command_follows_the_cann_version(tmp_path):
     nine = build_onnx(policy, 9)
     assert {t["target"]: t["accepts"] for t in atc_plan(nine, path, policy.spec)["opset_accepted_by"]}[
         "Ascend ATC, CANN 8.x"] is False
+
+
+def test_info_says_which_consumers_load_an_onnx():
+    r = run_cli("info", HYBRID.with_suffix(".onnx"))
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("loads in:"))
+    assert line.split("loads in: ")[1].split(";")[0].split(", ") == [
+        c.name for c in K.CONSUMERS if _window(c, 9)]
+    assert "not in: cann-8" in line
+    data = json.loads(run_cli("info", HYBRID.with_suffix(".onnx"), "--json").stdout)
+    assert data["onnx"]["consumers"]["reject"] == ["cann-8"]

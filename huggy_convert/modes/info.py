@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import contract as C
 from ..blocks import encoders, onnx_weight_ops
+from ..conformance import check_file
 from ..exporters.devices import resolve_device
 from ..importers.from_onnx import describe_recovered, recovered_record
 from ..runtime import ort_providers
@@ -116,12 +117,20 @@ def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Sourc
         v = src.onnx_view
         d["onnx"] = {"opset": v.opset, "producer": f"{src.model.producer_name} {src.model.producer_version}".strip(),
                      "inputs": {n: s for n, s in v.inputs}, "outputs": v.outputs, "nodes": len(src.model.graph.node)}
+        d["onnx"]["consumers"] = _consumers(src.path)
     run_dir = p if p.is_dir() else None
     if run_dir is not None:
         d["inventory"] = run_inventory(run_dir)
     r.data = d
     _render(r, src, recovered, run_dir is not None)
     return r
+
+
+def _consumers(path) -> Dict[str, object]:
+    """Which consumers load the ONNX file (``conformance.check_file``: each loader's rules)."""
+    r = check_file(path)
+    return {"accept": [c for c, ok in r.accepts().items() if ok], "reject": [c for c, ok in r.accepts().items() if not ok],
+            "dynamo_export": r.dynamo}
 
 
 def _render(r: ModeResult, src: Source, recovered, run_dir: bool) -> None:
@@ -146,6 +155,9 @@ def _render(r: ModeResult, src: Source, recovered, run_dir: bool) -> None:
         o = d["onnx"]
         L.append(f"  onnx: opset {o['opset']}, {o['nodes']} nodes, producer {o['producer'] or '?'}, inputs "
                  + ", ".join(f"{k}{v}" for k, v in o["inputs"].items()))
+        cons = o["consumers"]
+        L.append(f"  loads in: {', '.join(cons['accept']) or 'none'}"
+                 + (f"; not in: {', '.join(cons['reject'])} (huggy-convert check says why)" if cons["reject"] else ""))
     if not norm:
         L.append("  normalizer: none (normalize: false)")
     for n in norm:
