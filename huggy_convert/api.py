@@ -22,12 +22,12 @@ from . import contract as C
 from .converter.policy_file import save_policy as _save_policy
 from .core.policy import Policy
 from .core.spec import PolicySpec
+from .errors import InputError
 from .modes.sources import load_source, make_runner, obs_feed
 from .batch.reverify import verify_dir
 from .pipeline import ConvertOptions, convert_one
 from .pipeline import to_checkpoint as _to_checkpoint
 from .runtime import complete_feed
-from .runtime.feeds import initial_memory
 from .verify import VerifyOptions
 
 __all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
@@ -141,10 +141,17 @@ class Session:
 
     def initial_state(self, rows: int = 1) -> Optional[np.ndarray]:
         """The memory at the start of an episode: zeros [rows, 1, memory_size], or None without memory."""
-        return initial_memory(self.spec, rows)
+        port = next(iter(self.spec.io_signature().state_inputs()), None)
+        return port.filled(rows) if port is not None else None
 
     def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
-        extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
+        carried = self._carried()
+        if carried is None and state is not None:
+            raise InputError("a state was given, but this policy carries none from step to step (its inputs: "
+                             f"{', '.join(self.spec.input_names())})")
+        extra = {C.ACTION_MASKS: action_masks}
+        if carried is not None:
+            extra = {carried[1]: state, **extra}
         extra = {k: v for k, v in extra.items() if v is not None}
         if extra:  # checked with the observations (names, widths, one number of rows), by input name: arrays
             # of rows are split into their observations first
@@ -152,7 +159,12 @@ class Session:
         return complete_feed(self.spec, obs_feed(self.spec, obs))
 
     def _state(self, out: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
-        return out[C.RECURRENT_OUT] if self.spec.memory_size else None
+        carried = self._carried()
+        return out[carried[0]] if carried is not None else None
+
+    def _carried(self) -> Optional[Tuple[str, str]]:
+        """(output, input) of the carried state (``IOSignature.feedback``), None without one."""
+        return next(iter(self.spec.io_signature().feedback().items()), None)
 
     def act(self, obs, state: Optional[np.ndarray] = None, *,
             action_masks: Optional[np.ndarray] = None) -> Tuple[Actions, Optional[np.ndarray]]:

@@ -18,7 +18,7 @@ from huggy_convert.batch import reverify
 from huggy_convert.batch.manifest import MANIFEST_FORMAT, MANIFEST_JSON, PROFILE_BATCH, PROFILE_FULL
 from huggy_convert.cli import main, render
 from huggy_convert.cli.render import EXIT_INTERRUPTED
-from huggy_convert.runtime.feeds import Memory, complete_feed, initial_memory
+from huggy_convert.runtime.feeds import Stepper, complete_feed
 from huggy_convert.verify import VerifyOptions
 
 VARIANTS = Path(__file__).resolve().parents[1] / "fixtures" / "variants"
@@ -110,13 +110,14 @@ def test_sample_returns_the_next_state_without_an_infer_of_its_own(suffix, monke
 
 
 def test_one_zero_memory_and_a_loops_masks_made_once():
-    lstm = hc.load_policy(LSTM.with_suffix(".pt")).spec
-    z = initial_memory(lstm, 3)
+    session = hc.load_policy(LSTM.with_suffix(".pt"))
+    lstm = session.spec
+    z = session.initial_state(3)
     assert z.shape == (3, 1, lstm.memory_size) and z.dtype == np.float32 and not z.any()
-    assert initial_memory(hc.load_policy(SMALL).spec, 3) is None
+    assert hc.load_policy(SMALL).initial_state(3) is None
     assert np.array_equal(complete_feed(lstm, {"obs_0": np.zeros((3, 8), np.float32)})[C.RECURRENT_IN], z)
     disc = hc.load_policy(DISCRETE).spec
-    m = Memory(disc, 2)
+    m = Stepper(disc, 2)
     f1, f2 = m.step({}), m.step({})
     assert f1[C.ACTION_MASKS] is f2[C.ACTION_MASKS]
     assert f1[C.ACTION_MASKS].shape == (2, disc.discrete_total) and f1[C.ACTION_MASKS].all()

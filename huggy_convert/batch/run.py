@@ -99,7 +99,7 @@ from ..errors import InputError, one_line
 from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
 from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
 from ..host import host_info
-from ..pipeline import ConvertOptions, convert_one, default_reference, prepare_conversion
+from ..pipeline import ConvertOptions, InBatch, convert_one, default_reference, prepare_conversion
 from ..runtime import ort  # noqa: F401 (warm_up)
 from ..verify import VerifyOptions
 from ..verify.engine import CHECK_IDS, check_devices, check_tolerance_outputs, named_tolerances
@@ -212,10 +212,9 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
-        res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
-                          profile=ctx.full if item.newest else ctx.light,
-                          notes=[NEWEST_NOTE if item.newest else profile_note(ctx.light)],
-                          fsync=False, suggest_reference=False, check_tolerances=False)
+        res = convert_one(item.path, ctx.out / item.sub, ctx.options, profile=ctx.full if item.newest else ctx.light,
+                          batch=InBatch(ckpt, ctx.writer, item.stem, [NEWEST_NOTE if item.newest else profile_note(ctx.light)],
+                                        fsync=False, suggest_reference=False, check_tolerances=False))
         s = res.summary()
         decision = divisor_record(res.conversion.policy)  # (summary()'s is None without a normalizer)
         entry["spec"] = s["spec"]

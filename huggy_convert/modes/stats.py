@@ -26,7 +26,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import contract as C
-from ..runtime.feeds import Memory
+from ..runtime.feeds import Stepper
 from .common import ModeResult, g
 from .sources import Source, make_runner
 
@@ -57,7 +57,7 @@ def rollout(src: Source, device: str = "cpu", dtype: str = "float32", runtime: s
     mean = np.concatenate([m for m, _ in scale]).astype(np.float64)
     div = np.concatenate([d for _, d in scale]).astype(np.float64)
     u = rng.standard_normal((rows, width))
-    memory = Memory(spec, rows)
+    memory = Stepper(spec, rows)
     cont_log, disc_log = [], []
     h = hashlib.sha256()
     max_u, guard_hits, beyond_clip, finite = float(np.abs(u).max()), 0, 0, True
