@@ -134,3 +134,9 @@ def check_constants(r: KeyRules) -> None:
 
 
 _spec.bind_architecture(_spec.Architecture(io_signature, parameter_count, encoded_width))
+
+
+def action_heads() -> Tuple[Tuple[str, Tuple[str, str]], ...]:
+    """(name, (deterministic output, sampled output)) of each block that makes actions, in registry order:
+    what the Python API calls each head's actions (``api.Actions``)."""
+    return tuple((b.action, b.action_outputs) for b in REGISTRY if getattr(b, "action", None))

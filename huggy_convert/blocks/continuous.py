@@ -180,6 +180,10 @@ class Continuous(Block):
         out = tanh(s, p) if spec.tanh_squash else scale(clip(s, -C.ACTION_CLIP, C.ACTION_CLIP), 1.0 / C.ACTION_CLIP, p)
         r.values[C.OUT_CONT], r.errs[C.OUT_CONT] = out.v, out.err
 
+    # the Python API's name of this head's actions (api.Actions) and its (deterministic, sampled) outputs
+    action = "continuous"
+    action_outputs = (C.OUT_CONT_DET, C.OUT_CONT)
+
 
 def _deterministic(fast, mu, inplace: bool):
     """The deterministic action from ``mu`` (float32): clipped to +-ACTION_CLIP and scaled to [-1, 1]

@@ -144,3 +144,7 @@ class Discrete(Block):
             m[np.arange(rows), start + pick] = 1.0
             start += n
         return {C.ACTION_MASKS: m}
+
+    # the Python API's name of this head's actions (api.Actions) and its (deterministic, sampled) outputs
+    action = "discrete"
+    action_outputs = (C.OUT_DISC_DET, C.OUT_DISC)
