@@ -49,7 +49,7 @@ def test_both_drivers_of_verify_out_give_the_recorded_profile_and_its_note(batch
     shutil.copytree(batch_out, a)
     shutil.copytree(batch_out, b)
     reports, warns = reverify.verify_dir(a, options=FAST)
-    recs, _ = reverify.verify_out(b, options=FAST, jobs=1, processes=False)
+    recs, _ = reverify.verify_out(b, reverify.Asked(options=FAST), jobs=1, processes=False)
     assert warns == [] and len(reports) == len(recs) == 2
     assert [r["profile"] for r in recs] == [PROFILE_FULL, PROFILE_BATCH]  # Discrete-4101, Small-4157
     assert [_strip(r.to_dict()) for r in reports] == [_strip(r["report"]) for r in recs]
@@ -57,7 +57,7 @@ def test_both_drivers_of_verify_out_give_the_recorded_profile_and_its_note(batch
     assert any("batch verification profile" in n and MANIFEST_JSON in n for n in reports[1].notes)
     # --profile full: the full profile in both, without the note
     reports, _ = reverify.verify_dir(a, options=FAST, profile=PROFILE_FULL)
-    recs, _ = reverify.verify_out(b, options=FAST, jobs=1, processes=False, profile=PROFILE_FULL)
+    recs, _ = reverify.verify_out(b, reverify.Asked(options=FAST, profile=PROFILE_FULL), jobs=1, processes=False)
     assert [r["profile"] for r in recs] == [PROFILE_FULL] * 2
     assert [_strip(r.to_dict()) for r in reports] == [_strip(r["report"]) for r in recs]
     assert not any("batch verification profile" in n for r in reports for n in r.notes)
