@@ -12,22 +12,22 @@ The examples run as tests (``tests/test_api.py``) from the repository root, on t
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from . import contract as C
+from . import blocks, contract as C
 from .converter.policy_file import save_policy as _save_policy
 from .core.policy import Policy
 from .core.spec import PolicySpec
+from .errors import InputError
 from .modes.sources import load_source, make_runner, obs_feed
 from .batch.reverify import verify_dir
 from .pipeline import ConvertOptions, convert_one
 from .pipeline import to_checkpoint as _to_checkpoint
 from .runtime import complete_feed
-from .runtime.feeds import initial_memory
 from .verify import VerifyOptions
 
 __all__ = ["convert", "verify_files", "load_policy", "Session", "Actions", "save_policy", "to_checkpoint"]
@@ -37,15 +37,18 @@ def _verify_options(options: dict):
     return VerifyOptions(**options) if options else None
 
 
-def convert(source, out, *, opset: int = C.ONNX_OPSET_DEFAULT, reference=None, divisor: str = "auto",
-            obs_sizes: Optional[Sequence[int]] = None, program: bool = True, verify: bool = True,
-            **verify_options):
+CONVERT_OPTIONS = ("opset", "reference", "divisor", "obs_sizes", "program", "verify")  # ConvertOptions' own
+
+
+def convert(source, out, **options):
     """Convert one checkpoint (``.pt``) or ML-Agents ``.onnx`` into ``out/<stem>.{safetensors,onnx,pt2}``,
     then verify the files written: what ``huggy-convert SOURCE OUT/`` does (``pipeline.convert_one``).
 
-    ``reference``: the official ONNX (default: ``<stem>.onnx`` beside the source); ``divisor``: ``auto``
-    adopts an official divisor within 1 ulp of IEEE, ``ieee`` never; ``program``: write the ``.pt2``;
-    ``verify_options``: ``VerifyOptions`` fields (``rows``, ``seed``, ``devices``, ``atol``, ...).
+    ``options``, each by keyword: ``opset`` (default 9); ``reference``: the official ONNX (default:
+    ``<stem>.onnx`` beside the source); ``divisor``: ``auto`` (the default) adopts an official divisor
+    within 1 ulp of IEEE, ``ieee`` never; ``obs_sizes``: the observation split (default: the official
+    ONNX's); ``program``: write the ``.pt2`` (default True); ``verify``: verify the files (default True);
+    any other: a ``VerifyOptions`` field (``rows``, ``seed``, ``devices``, ``atol``, ...).
     Returns a ``ConvertResult``: ``.ok``, ``.artifacts`` (kind -> path, sha256), ``.report``.
 
     >>> import tempfile
@@ -58,10 +61,10 @@ def convert(source, out, *, opset: int = C.ONNX_OPSET_DEFAULT, reference=None, d
     >>> Path(result.artifacts["safetensors"]["path"]).name
     'Small-4157.safetensors'
     """
-    options = ConvertOptions(opset=opset, obs_sizes=obs_sizes, reference=Path(reference) if reference else None,
-                             divisor=divisor, verify=verify, program=program,
-                             verify_options=_verify_options(verify_options))
-    return convert_one(source, out, options)
+    own = {k: options.pop(k) for k in CONVERT_OPTIONS if k in options}
+    if own.get("reference"):
+        own["reference"] = Path(own["reference"])
+    return convert_one(source, out, ConvertOptions(**own, verify_options=_verify_options(options)))
 
 
 def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool = False, **verify_options) -> list:
@@ -93,15 +96,18 @@ def verify_files(out, *, reference=None, checkpoint=None, require_complete: bool
     return reports
 
 
-@dataclass
-class Actions:
-    """What a policy did for a batch of observations: ``continuous`` (float32 [rows, actions]) and
-    ``discrete`` (int64 [rows, branches]), None where the policy has no such head; ``outputs``: every
-    output the runtime gave, by its ONNX name."""
+HEADS = blocks.action_heads()  # (name, (deterministic output, sampled output)) of each head
 
-    continuous: Optional[np.ndarray]
-    discrete: Optional[np.ndarray]
-    outputs: Dict[str, np.ndarray]
+class Actions(make_dataclass("Actions", [(name, Optional[np.ndarray]) for name, _ in HEADS]
+                             + [("outputs", Dict[str, np.ndarray])])):
+    """What a policy did for a batch of observations: one attribute per head (``blocks.action_heads``):
+    ``continuous`` (float32 [rows, actions]) and ``discrete`` (int64 [rows, branches]), None where the
+    policy has no such head; ``outputs``: every output the runtime gave, by its ONNX name."""
+
+
+def _actions(out: Dict[str, np.ndarray], sampled: bool):
+    """``out`` as ``Actions``: each head's deterministic (or ``sampled``) output."""
+    return Actions(*(out.get(names[1] if sampled else names[0]) for _, names in HEADS), out)
 
 
 class Session:
@@ -141,10 +147,17 @@ class Session:
 
     def initial_state(self, rows: int = 1) -> Optional[np.ndarray]:
         """The memory at the start of an episode: zeros [rows, 1, memory_size], or None without memory."""
-        return initial_memory(self.spec, rows)
+        port = next(iter(self.spec.io_signature().state_inputs()), None)
+        return port.filled(rows) if port is not None else None
 
     def _feed(self, obs, state, action_masks) -> Dict[str, np.ndarray]:
-        extra = {C.RECURRENT_IN: state, C.ACTION_MASKS: action_masks}
+        carried = self._carried()
+        if carried is None and state is not None:
+            raise InputError("a state was given, but this policy carries none from step to step (its inputs: "
+                             f"{', '.join(self.spec.input_names())})")
+        extra = {C.ACTION_MASKS: action_masks}
+        if carried is not None:
+            extra = {carried[1]: state, **extra}
         extra = {k: v for k, v in extra.items() if v is not None}
         if extra:  # checked with the observations (names, widths, one number of rows), by input name: arrays
             # of rows are split into their observations first
@@ -152,7 +165,12 @@ class Session:
         return complete_feed(self.spec, obs_feed(self.spec, obs))
 
     def _state(self, out: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
-        return out[C.RECURRENT_OUT] if self.spec.memory_size else None
+        carried = self._carried()
+        return out[carried[0]] if carried is not None else None
+
+    def _carried(self) -> Optional[Tuple[str, str]]:
+        """(output, input) of the carried state (``IOSignature.feedback``), None without one."""
+        return next(iter(self.spec.io_signature().feedback().items()), None)
 
     def act(self, obs, state: Optional[np.ndarray] = None, *,
             action_masks: Optional[np.ndarray] = None) -> Tuple[Actions, Optional[np.ndarray]]:
@@ -180,7 +198,7 @@ class Session:
         False
         """
         out = self.runner.infer(self._feed(obs, state, action_masks))
-        return Actions(out.get(C.OUT_CONT_DET), out.get(C.OUT_DISC_DET), out), self._state(out)
+        return _actions(out, sampled=False), self._state(out)
 
     def sample(self, obs, state: Optional[np.ndarray] = None, *, seed: int = 0,
                action_masks: Optional[np.ndarray] = None) -> Tuple[Actions, Optional[np.ndarray]]:
@@ -203,7 +221,7 @@ class Session:
         ((1, 2), dtype('int64'))
         """
         out = self.runner.sample(self._feed(obs, state, action_masks), seed)  # (with the next state)
-        return Actions(out.get(C.OUT_CONT), out.get(C.OUT_DISC), out), self._state(out)
+        return _actions(out, sampled=True), self._state(out)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, {self.spec.family!r}, {self.runner.label})"

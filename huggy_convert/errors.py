@@ -127,7 +127,7 @@ def from_foreign(exc: BaseException, path: Optional[Union[str, Path]] = None, ou
         return from_os_error(exc, path, output=output)
     where = None if path is None else display(path)
     if isinstance(exc, MemoryError):
-        return InputError("too large to process here (out of memory)", where)
+        return InputError("too large to process here (MemoryError)", where)
     err = InternalError(f"internal error: {type(exc).__name__}: {display(exc)[:MAX_QUOTE]} "
                         "(a bug in huggy-convert: please report it)", where)
     return err

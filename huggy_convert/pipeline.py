@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -29,6 +29,8 @@ from .exporters.registry import EXPORTERS
 from .importers import checkpoint_from_onnx, is_onnx_source, read_source
 from .verify import Reference, VerifyOptions, verify
 from .verify.engine import check_devices, check_tolerance_outputs, report_bytes, source_record
+from .verify.record import Written
+from .verify.report import Report
 
 @dataclass
 class ConvertOptions:
@@ -199,17 +201,35 @@ def _refuse_overwriting_sources(arts: ArtifactSet, src: Path, reference: Optiona
                              "directory", arts.dir)
 
 
-def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, checkpoint: Optional[Checkpoint] = None,
-                writer=None, stem: Optional[str] = None, profile=None, notes: Sequence[str] = (),
-                fsync: bool = True, suggest_reference: bool = True, check_tolerances: bool = True) -> ConvertResult:
+@dataclass(frozen=True)
+class InBatch:
+    """How a batch runs :func:`convert_one` on one of its checkpoints (the defaults: a conversion alone).
+    ``checkpoint``: already loaded (a batch reads and hashes each file once); ``writer``: the ``.pt2``
+    writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture); ``stem``: the
+    files' stem (default: the source's); ``notes``: added to the report; ``fsync``: each file's;
+    ``suggest_reference``: a report without an official ONNX suggests ``--reference``;
+    ``check_tolerances``: refuse a tolerance option naming an output this policy does not have (a batch
+    checks its options against all its policies before it starts, and passes False)."""
+
+    checkpoint: Optional[Checkpoint] = None
+    writer: Any = None
+    stem: Optional[str] = None
+    notes: Sequence[str] = ()
+    fsync: bool = True
+    suggest_reference: bool = True
+    check_tolerances: bool = True
+
+
+ALONE = InBatch()
+
+
+def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, *, profile=None,
+                batch: InBatch = ALONE) -> ConvertResult:
     """load -> map -> export -> write -> verify the written files, into ``out_dir/<stem>.*``.
 
-    ``checkpoint``: already loaded (a batch reads and hashes each file once); ``writer``: the
-    ``.pt2`` writer shared by a batch (``exporters.pt2.ProgramWriter``: one trace per architecture);
-    ``profile``: the VerifyOptions (default: the options'); ``notes``: added to the report.
+    ``profile``: the VerifyOptions (default: the options'); ``batch``: how a batch runs it (``InBatch``).
     Every artifact is built in memory before the first is written, so bad input leaves nothing: a
-    tolerance option naming an output this policy does not have too (``check_tolerances``; a batch
-    checks its options against all its policies before it starts, and passes False).
+    tolerance option naming an output this policy does not have too (``InBatch.check_tolerances``).
     The report records the files written and the sources read (``Report.recorded``), so that
     ``verify OUT/`` checks them all and re-runs checks 1-2 while the sources are still there."""
     t0 = time.perf_counter()
@@ -219,58 +239,65 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, check
     src = Path(source)
     ref_path = Path(o.reference) if o.reference else default_reference(src)
     read = None
-    if checkpoint is None and is_onnx_source(src) and ref_path is not None and _same_file(ref_path, src):
+    if batch.checkpoint is None and is_onnx_source(src) and ref_path is not None and _same_file(ref_path, src):
         model, data = read_onnx(src, "ONNX model")  # an ONNX source that is its own reference: read once
         ckpt = checkpoint_from_onnx(src, model, data)
         read = (model, ckpt.sha256)
     else:
-        ckpt = checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (importers.from_onnx)
+        ckpt = batch.checkpoint or read_source(src)  # a .pt, or an ML-Agents .onnx read back (importers.from_onnx)
     prep = prepare_conversion(ckpt, ref_path, o.obs_sizes, o.divisor, reference_read=read)
-    conv, official, reference = prep.conversion, prep.official, prep.reference
+    conv, reference = prep.conversion, prep.reference
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
-    arts = ArtifactSet(out, stem or src.stem)
+    arts = ArtifactSet(out, batch.stem or src.stem)
     arts.check_names()
     _refuse_overwriting_sources(arts, src, reference)
-    if check_tolerances:
+    if batch.check_tolerances:
         check_tolerance_outputs(profile or o.verify_options, [(arts.stem, conv.policy.spec)])
 
     kinds = [k for k in BUILT if k != PT2 or o.program]
-    blobs = {k: EXPORTERS[k](conv.policy, o.opset, writer) for k in kinds}
+    blobs = {k: EXPORTERS[k](conv.policy, o.opset, batch.writer) for k in kinds}
     res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
     make_dirs(out)
     # the set is written and verified as one: a lock on OUT/<stem> (see artifacts.locked), and every
     # file rolled back if any write (or the verification) raises
     with locked(out, arts.stem), arts.transaction() as tx:
         clean_stale_temporaries(out, arts.names())
-        res.artifacts.update(tx.write_all(blobs, fsync=fsync))
+        res.artifacts.update(tx.write_all(blobs, fsync=batch.fsync))
         res.atc_plan = atc_plan(onnx.load_model_from_string(blobs[ONNX]), res.artifacts[ONNX]["path"], conv.policy.spec)
-        wrote, blobs = blobs, None  # kept until check 6 has compared the files read back with them
-        if o.verify:
-            rep = verify(arts, Reference(ckpt, official, reference), profile or o.verify_options or VerifyOptions(),
-                         subject=f"{arts.stem} ({src.name})",
-                         written={k: a["sha256"] for k, a in res.artifacts.items()}, writer=writer, golden=True,
-                         written_bytes=wrote)
-            wrote = None
-            if ckpt.recovered is not None:
-                rep.notes.insert(0, f"the policy was recovered from {src.name} (importers.from_onnx): verified against "
-                                    f"{reference.name if reference else 'no official ONNX'} as the official file")
-            elif official is None:
-                rep.notes.insert(0, f"no official ONNX found beside {src.name} "
-                                    f"({src.with_suffix(SUFFIXES[ONNX]).name})"
-                                    + ("; use --reference to name one" if suggest_reference else ""))
-            rep.notes.extend(notes)
-            # what verify OUT/ checks later: every file written (the golden file too), the sources read
-            res.artifacts.update(tx.write_all({GOLDEN: rep.golden}, fsync=fsync))
-            rep.recorded = {"artifacts": res.outputs(), "sources": {
-                "checkpoint": source_record(src, ckpt.sha256, out) if ckpt.sha256 else None,
-                "official": source_record(reference, prep.reference_sha256, out)
-                if reference is not None and prep.reference_sha256 else None}}
-            res.artifacts.update(tx.write_all({REPORT: report_bytes(rep)}, fsync=fsync))
-            res.report = rep
+        if o.verify:  # the bytes kept until check 6 has compared the files read back with them
+            wrote = Written({k: a["sha256"] for k, a in res.artifacts.items()}, blobs, golden=True)
+            blobs = None
+            res.report = _verify_written(res, (ckpt, prep), (arts, tx, wrote), profile or o.verify_options, batch)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _verify_written(res: ConvertResult, sources, written, profile, batch: InBatch) -> Report:
+    """Verify the files just written (``written``: their set, its transaction, what was written; the
+    bytes dropped once check 6 has compared the files read back with them) against ``sources`` (the
+    checkpoint, the prepared conversion); write the golden file and the report, with its record."""
+    (ckpt, prep), (arts, tx, wrote) = sources, written
+    src, out, official, reference = res.source, res.out_dir, prep.official, prep.reference
+    rep = verify(arts, Reference(ckpt, official, reference), profile or VerifyOptions(),
+                 subject=f"{arts.stem} ({src.name})", written=wrote, writer=batch.writer)
+    if ckpt.recovered is not None:
+        rep.notes.insert(0, f"the policy was recovered from {src.name} (importers.from_onnx): verified against "
+                            f"{reference.name if reference else 'no official ONNX'} as the official file")
+    elif official is None:
+        rep.notes.insert(0, f"no official ONNX found beside {src.name} "
+                            f"({src.with_suffix(SUFFIXES[ONNX]).name})"
+                            + ("; use --reference to name one" if batch.suggest_reference else ""))
+    rep.notes.extend(batch.notes)
+    # what verify OUT/ checks later: every file written (the golden file too), the sources read
+    res.artifacts.update(tx.write_all({GOLDEN: rep.golden}, fsync=batch.fsync))
+    rep.recorded = {"artifacts": res.outputs(), "sources": {
+        "checkpoint": source_record(src, ckpt.sha256, out) if ckpt.sha256 else None,
+        "official": source_record(reference, prep.reference_sha256, out)
+        if reference is not None and prep.reference_sha256 else None}}
+    res.artifacts.update(tx.write_all({REPORT: report_bytes(rep)}, fsync=batch.fsync))
+    return rep
 
 
 @dataclass

@@ -157,7 +157,7 @@ def test_profiles_newest_full_others_batch(huggy_out):
     # what the files give, computed afresh
     from huggy_convert.converter import load_policy
     from huggy_convert.runtime import ort_run, ort_session
-    from huggy_convert.verify.checks import fingerprint, reference_fingerprint
+    from huggy_convert.verify.fingerprints import fingerprint, reference_fingerprint
 
     c = ckpts[0]
     pol = load_policy(out / f"{c.stem}.safetensors")

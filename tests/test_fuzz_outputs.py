@@ -476,7 +476,7 @@ def test_from_os_error(name):
 
 
 def test_from_foreign():
-    assert from_foreign(MemoryError(), "big.pt").one_line() == "big.pt: too large to process here (out of memory)"
+    assert from_foreign(MemoryError(), "big.pt").one_line() == "big.pt: too large to process here (MemoryError)"
     e = from_foreign(ValueError("v" * 10000), "a.pt")
     assert isinstance(e, InternalError) and e.exit_code == EXIT_INTERNAL == 3
     assert e.one_line().startswith("a.pt: internal error: ValueError: vvv") and len(e.one_line()) < MAX_LINE

@@ -14,10 +14,12 @@ from huggy_convert.converter import load_checkpoint
 from huggy_convert.exporters.torch_module import build_module
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime.feeds import make_noise, make_probes
-from huggy_convert.runtime.torch_runners import module_runner
+from huggy_convert.runtime.base import RunnerBase
+from huggy_convert.runtime.torch_runners import ModuleRunner
 from huggy_convert.core.bounds import FLOAT32, PRECISIONS
 from huggy_convert.verify.bounds import Float64Policy
-from huggy_convert.verify.checks import check_runtime
+from huggy_convert.verify import VerifyOptions
+from huggy_convert.verify.runtimes import check_runtime
 from huggy_convert.verify.report import FAIL, PASS
 
 HALF = ("float16", "bfloat16")
@@ -31,9 +33,18 @@ def judged(pol, mod, dtype, feed, ref_pol=None):
     """check 4's judgement of ``mod`` (a torch module in ``dtype``) against the float64 reference of
     ``ref_pol`` (default: ``pol``) with the bounds of ``dtype``."""
     ref = Float64Policy(ref_pol or pol).forward(feed, precision=PRECISIONS[dtype])
-    run = module_runner(mod)
-    return check_runtime(f"torch module cpu {dtype}", run, ref, feed, dtype, {}, {}, mod.pinned_dtypes(),
-                         lambda: run({k: np.zeros_like(v) for k, v in feed.items()}))
+    run = ModuleRunner(mod, dtype)
+    return check_runtime(f"torch module cpu {dtype}", run, ref, feed, pinned=mod.pinned_dtypes())
+
+
+class Fixed(RunnerBase):
+    """A runtime that gives ``out`` whatever the feed, in ``dtype``."""
+
+    def __init__(self, out, dtype):
+        self.out, self.dtype = out, dtype
+
+    def infer(self, feed):
+        return self.out
 
 
 def with_tensor(pol, name, fn):
@@ -129,7 +140,7 @@ def test_a_near_tie_flipped_by_float16_passes_with_its_margin():
     ref = Float64Policy(tie).forward(feed, precision=PRECISIONS["float16"])
     assert (ref.values[C.OUT_DISC_DET][:, 0] == 1).all()
     mod = build_module(tie, dtype="float16")
-    got = module_runner(mod)(feed)[C.OUT_DISC_DET]
+    got = ModuleRunner(mod).infer(feed)[C.OUT_DISC_DET]
     assert (got[:, 0] == 0).all()  # float16: equal logits, the first is picked
     c = judged(tie, mod, "float16", feed)
     ch = next(ch for ch in c.children if ch.title == C.OUT_DISC_DET)
@@ -156,7 +167,7 @@ def test_a_flip_far_above_its_bound_fails_with_its_margin():
         row = int(np.argmax(margins / (lg.err.max(axis=1) + 1e-300)))
         out = ref.values[C.OUT_DISC_DET].copy()
         out[row, 0] = worst[row]
-        c = check_runtime(f"a wrong runtime {dt}", lambda f: {C.OUT_DISC_DET: out}, ref, feed, dt, {}, {}, {})
+        c = check_runtime(f"a wrong runtime {dt}", Fixed({C.OUT_DISC_DET: out}, dt), ref, feed)
         ch = next(ch for ch in c.children if ch.title == C.OUT_DISC_DET)
         assert ch.status == FAIL and "OVER the bound" in ch.summary and "margin" in ch.summary, ch.summary
         f = ch.figures["first_failure"]
@@ -170,7 +181,7 @@ def test_user_tolerance_still_takes_precedence_in_half_precision():
     feed = make_probes(pol, 16, 0)
     mod = build_module(pol, dtype="float16")
     ref = Float64Policy(pol).forward(feed, precision=PRECISIONS["float16"])
-    c = check_runtime("m", module_runner(mod), ref, feed, "float16", {C.OUT_CONT_DET: 1e-12}, {}, {})
+    c = check_runtime("m", ModuleRunner(mod, "float16"), ref, feed, VerifyOptions(atol={C.OUT_CONT_DET: 1e-12}))
     ch = next(ch for ch in c.children if ch.title == C.OUT_CONT_DET)
     assert ch.status == FAIL and "over tolerance (atol 1e-12" in ch.summary
 

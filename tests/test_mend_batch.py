@@ -18,7 +18,7 @@ from huggy_convert.batch import reverify
 from huggy_convert.batch.manifest import MANIFEST_FORMAT, MANIFEST_JSON, PROFILE_BATCH, PROFILE_FULL
 from huggy_convert.cli import main, render
 from huggy_convert.cli.render import EXIT_INTERRUPTED
-from huggy_convert.runtime.feeds import Memory, complete_feed, initial_memory
+from huggy_convert.runtime.feeds import Stepper, complete_feed
 from huggy_convert.verify import VerifyOptions
 
 VARIANTS = Path(__file__).resolve().parents[1] / "fixtures" / "variants"
@@ -49,7 +49,7 @@ def test_both_drivers_of_verify_out_give_the_recorded_profile_and_its_note(batch
     shutil.copytree(batch_out, a)
     shutil.copytree(batch_out, b)
     reports, warns = reverify.verify_dir(a, options=FAST)
-    recs, _ = reverify.verify_out(b, options=FAST, jobs=1, processes=False)
+    recs, _ = reverify.verify_out(b, reverify.Asked(options=FAST), jobs=1, processes=False)
     assert warns == [] and len(reports) == len(recs) == 2
     assert [r["profile"] for r in recs] == [PROFILE_FULL, PROFILE_BATCH]  # Discrete-4101, Small-4157
     assert [_strip(r.to_dict()) for r in reports] == [_strip(r["report"]) for r in recs]
@@ -57,7 +57,7 @@ def test_both_drivers_of_verify_out_give_the_recorded_profile_and_its_note(batch
     assert any("batch verification profile" in n and MANIFEST_JSON in n for n in reports[1].notes)
     # --profile full: the full profile in both, without the note
     reports, _ = reverify.verify_dir(a, options=FAST, profile=PROFILE_FULL)
-    recs, _ = reverify.verify_out(b, options=FAST, jobs=1, processes=False, profile=PROFILE_FULL)
+    recs, _ = reverify.verify_out(b, reverify.Asked(options=FAST, profile=PROFILE_FULL), jobs=1, processes=False)
     assert [r["profile"] for r in recs] == [PROFILE_FULL] * 2
     assert [_strip(r.to_dict()) for r in reports] == [_strip(r["report"]) for r in recs]
     assert not any("batch verification profile" in n for r in reports for n in r.notes)
@@ -110,13 +110,14 @@ def test_sample_returns_the_next_state_without_an_infer_of_its_own(suffix, monke
 
 
 def test_one_zero_memory_and_a_loops_masks_made_once():
-    lstm = hc.load_policy(LSTM.with_suffix(".pt")).spec
-    z = initial_memory(lstm, 3)
+    session = hc.load_policy(LSTM.with_suffix(".pt"))
+    lstm = session.spec
+    z = session.initial_state(3)
     assert z.shape == (3, 1, lstm.memory_size) and z.dtype == np.float32 and not z.any()
-    assert initial_memory(hc.load_policy(SMALL).spec, 3) is None
+    assert hc.load_policy(SMALL).initial_state(3) is None
     assert np.array_equal(complete_feed(lstm, {"obs_0": np.zeros((3, 8), np.float32)})[C.RECURRENT_IN], z)
     disc = hc.load_policy(DISCRETE).spec
-    m = Memory(disc, 2)
+    m = Stepper(disc, 2)
     f1, f2 = m.step({}), m.step({})
     assert f1[C.ACTION_MASKS] is f2[C.ACTION_MASKS]
     assert f1[C.ACTION_MASKS].shape == (2, disc.discrete_total) and f1[C.ACTION_MASKS].all()

@@ -329,7 +329,7 @@ def test_reference_fingerprint_is_the_same_batched_or_step_by_step():
 
     from huggy_convert.converter import convert_checkpoint
     from huggy_convert.verify.bounds import Float64Policy
-    from huggy_convert.verify.checks import fingerprint, reference_fingerprint
+    from huggy_convert.verify.fingerprints import fingerprint, reference_fingerprint
 
     for ck in [step_checkpoints(HUGGY_RUN)[-1]] + [step_checkpoints(VARIANTS / v)[-1] for v in variant_names()]:
         pol = convert_checkpoint(ck).policy
@@ -348,8 +348,8 @@ def test_the_float64_reference_runs_once_per_feed():
     from huggy_convert.exporters.onnx_export import build_onnx
     from huggy_convert.runtime.feeds import make_noise, make_probes
     from huggy_convert.verify.bounds import Float64Policy
-    from huggy_convert.verify.checks import reference_fingerprint
-    from huggy_convert.verify.engine import Context
+    from huggy_convert.verify.fingerprints import reference_fingerprint
+    from huggy_convert.verify.context import Context
 
     def same(a, b):
         return list(a) == list(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
@@ -530,7 +530,7 @@ def test_fingerprints_do_not_depend_on_the_thread_count(converted):
     from huggy_convert.exporters.torch_module import build_module
     from huggy_convert.runtime import OrtRunner, module_runner
     from huggy_convert.runtime.feeds import make_probes
-    from huggy_convert.verify.checks import _fingerprint, fingerprint, reference_fingerprint
+    from huggy_convert.verify.fingerprints import _fingerprint, fingerprint, reference_fingerprint
 
     pol = load_policy(converted / f"{STEM}.safetensors")
     torch_run = module_runner(build_module(pol))

@@ -7,8 +7,9 @@ import json
 import os
 import struct
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import errors
 from .. import verify as stage  # stage.verify: looked up where it is defined, when a set is verified
@@ -54,8 +55,8 @@ def verify_dir(out_dir, reference=None, checkpoint=None, options=None, stem: Opt
         warnings.simplefilter("ignore")  # torch's (recorded_sources loads with quiet_warnings=False)
         sets, profiles, official, ckpt, warns = verify_plan(out_dir, reference, checkpoint, options, stem, profile)
         writer = ProgramWriter(fast=True)
-        reports = [verify_set(folder, s, official, ckpt, reference, opts, writer, notes=[note] if note else (),
-                              require_complete=require_complete)
+        reports = [verify_set(folder, s, Given(official, ckpt, reference), opts, writer,
+                              notes=[note] if note else (), require_complete=require_complete)
                    for (folder, s), (opts, note, _) in zip(sets, profiles)]
     return reports, warns
 
@@ -186,22 +187,46 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) 
     return ckpt, official, official_path, not_run
 
 
-def verify_set(folder: Path, s: str, official, ckpt, reference, options, writer, notes: Sequence[str] = (),
+@dataclass(frozen=True)
+class Given:
+    """The sources given for every set (``--reference``, ``--checkpoint``), as ``verify_sets`` loads them:
+    the official ONNX model, the checkpoint, and the reference's path."""
+
+    official: Any = None
+    ckpt: Any = None
+    reference: Any = None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What ``verify OUT/`` is asked: the sources given (``reference``: an official ONNX, ``checkpoint``: a
+    ``.pt``, paths), the ``options`` (``VerifyOptions``), the ``profile`` (``RECORDED``: each set the one its
+    batch gave it; ``PROFILE_FULL``) and ``require_complete`` (a set where a check could not run fails)."""
+
+    reference: Any = None
+    checkpoint: Any = None
+    options: Any = None
+    profile: str = RECORDED
+    require_complete: bool = False
+
+
+def verify_set(folder: Path, s: str, given: Given, options, writer, notes: Sequence[str] = (),
                require_complete: bool = False):
     """Re-verify one set ``folder/<s>.*`` and rewrite its report; returns the report. Without
-    ``ckpt`` / ``official`` (``--checkpoint`` / ``--reference``), checks 1-2 run on the sources its
+    ``given.ckpt`` / ``given.official`` (``--checkpoint`` / ``--reference``), checks 1-2 run on the sources its
     report records where they are still there, unchanged; otherwise the report says which checks were
     not run and why (``Report.not_run``: exit 4, or a failure with ``require_complete``). A ``ckpt``
     whose sha256 is not the one the ``.safetensors`` header records is refused. The rewritten
     report keeps the record of the conversion."""
-    arts = ArtifactSet(folder, s)
+    arts, ckpt = ArtifactSet(folder, s), given.ckpt
     if ckpt is not None and arts.exists(SAFETENSORS):  # (a missing one fails check 1 below)
         source_sha = _metadata(arts.path(SAFETENSORS)).get("source_sha256", "")
         if ckpt.sha256 != source_sha:
             raise InputError(f"checkpoint sha256 {ckpt.sha256[:12]}… is not the source of "
                              f"{arts.name(SAFETENSORS)} ({str(source_sha)[:12]}…)", ckpt.path)
     record = read_record(arts)
-    ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, official, reference)
+    ckpt, official_model, official_path, not_run = recorded_sources(arts, record, ckpt, given.official,
+                                                                    given.reference)
     rep = stage.verify(arts, Reference(ckpt, official_model, official_path, arts.path(GOLDEN), not_run),
                        options, subject=f"{s} ({folder})", writer=writer, record=record)
     rep.notes.extend(notes)
@@ -234,8 +259,8 @@ def _verify_task(i: int) -> dict:
     folder, stem = st["sets"][i]
     opts, note, profile = st["profiles"][i]
     try:
-        rep = verify_set(folder, stem, st["official"], st["ckpt"], st["reference"], opts, st["writer"],
-                         notes=[note] if note else (), require_complete=st["require_complete"])
+        rep = verify_set(folder, stem, st["given"], opts, st["writer"], notes=[note] if note else (),
+                         require_complete=st["require_complete"])
     except Exception as exc:  # noqa: BLE001 - back to the parent as the one taxonomy
         return _error_record(exc, folder / stem)
     return {"report": rep.to_dict(), "ok": rep.ok, "verdict": rep.verdict, "first_failure": rep.first_failure(),
@@ -244,30 +269,31 @@ def _verify_task(i: int) -> dict:
             "incomplete": rep.incomplete()}
 
 
-def verify_out(out, reference=None, checkpoint=None, options=None, jobs: Optional[int] = None,
-               profile: str = RECORDED, render: bool = False, processes: bool = True, require_complete: bool = False,
-               events: Callable[[str, object], None] = lambda kind, data: None) -> Tuple[List[dict], str]:
+def verify_out(out, asked: Asked = Asked(), jobs: Optional[int] = None, render: bool = False,
+               processes: bool = True, events: Callable[[str, object], None] = lambda kind, data: None
+               ) -> Tuple[List[dict], str]:
     """``verify OUT/``: every set below ``out`` re-verified by ``jobs`` workers (the batch's pool:
-    forked after the imports and the ``.pt2`` template's trace), each with what ``verify_plan`` gives
-    it: ``profile`` ``RECORDED`` gives each set the profile its batch gave it (``OUT/manifest.json``:
-    the batch profile, ``batch_profiles``, for all but the newest checkpoint of each behavior),
-    ``PROFILE_FULL`` the full profile to every set.
+    forked after the imports and the ``.pt2`` template's trace; ``processes`` False: threads), each with
+    what ``verify_plan`` gives it for what is ``asked`` (``Asked``): its ``profile`` ``RECORDED`` gives each
+    set the profile its batch gave it (``OUT/manifest.json``: the batch profile, ``batch_profiles``, for
+    all but the newest checkpoint of each behavior), ``PROFILE_FULL`` the full profile to every set.
     Each set re-runs checks 1-2 on the sources its report records (``verify_set``);
-    ``require_complete``: a set where some could not run fails. torch's warnings are silenced for the
-    whole pool (``verify_dir``: the same in this process).
+    ``asked.require_complete``: a set where some could not run fails. torch's warnings are silenced for the
+    whole pool (``verify_dir``: the same in this process). ``render``: each record carries its report's text.
     Returns one record per set, in order (``report``: the full tree as data, ``complete`` and
     ``not_run``: the checks not run and why; or ``error``), and the pool's description; ``events``:
     the warnings first (a tolerance option's; the reports note it too), then ``START`` (the count) and
     each set's record as it is done."""
     import torch
 
-    sets, profiles, official, ckpt, warns = verify_plan(out, reference, checkpoint, options, profile=profile)
+    sets, profiles, official, ckpt, warns = verify_plan(out, asked.reference, asked.checkpoint, asked.options,
+                                                        profile=asked.profile)
     for w in warns:
         events(WARNING, w)
     jobs = max(1, min(int(jobs or default_jobs()), len(sets)))
     writer = ProgramWriter(fast=True)
-    state = {"sets": sets, "profiles": profiles, "official": official, "ckpt": ckpt, "reference": reference,
-             "writer": writer, "render": render, "require_complete": require_complete}
+    state = {"sets": sets, "profiles": profiles, "given": Given(official, ckpt, asked.reference),
+             "writer": writer, "render": render, "require_complete": asked.require_complete}
 
     def warm():
         try:  # the .pt2 template of the first set's architecture, traced once here

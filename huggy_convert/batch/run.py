@@ -83,215 +83,30 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .. import contract as C
 from ..converter import load_checkpoint
-from ..converter.reference import describe as describe_divisor
-from ..converter.reference import divisor_record
-from ..core import torchcompat
-from ..core.artifacts import SUFFIXES, check_out, sha256_bytes, clean_stale_temporaries, locked, make_dirs
-from ..core.files import read_input_file
+from ..core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
 from ..core.version import __version__
-from ..errors import InputError, one_line
-from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
-from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
+from ..errors import InputError
+from ..exporters.pt2 import ProgramWriter
 from ..host import host_info
-from ..pipeline import ConvertOptions, convert_one, default_reference, prepare_conversion
-from ..runtime import ort  # noqa: F401 (warm_up)
-from ..verify import VerifyOptions
-from ..verify.engine import CHECK_IDS, check_devices, check_tolerance_outputs, named_tolerances
-from .alias import check_alias
+from ..pipeline import ConvertOptions, default_reference, prepare_conversion
+from ..verify.engine import check_devices, check_tolerance_outputs, named_tolerances
 from .deployed import check_deployed
-from .manifest import (CONVERTED, ERROR, FAILED, MANIFEST_CSV, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_JSON,
-                       MISSING, OK, PROFILE_FULL, SKIPPED, VERIFY_FAILED, Manifest, base_entry, best_entry, options_record, read_previous,
-                       sha_file, summarize)
+from .item import (BATCH_FINGERPRINT_STEPS, BATCH_ROWS, NEWEST_NOTE, _alias_task, _Context, _convert_task,
+                   batch_profiles, convert_item, profile_note, warm_up)
+from .manifest import (ERROR, FAILED, MANIFEST_CSV, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_JSON,
+                       MISSING, OK, Manifest, base_entry, best_entry, options_record, read_previous, summarize)
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
-from .workers import Pool, default_jobs, shared
+from .workers import Pool, default_jobs
 
-
-BATCH_ROWS = 16
-BATCH_FINGERPRINT_STEPS = (16,)
-
-
-def _key_figures(rep_dict: dict) -> dict:
-    """The numbers worth a glance: per-check status, bitwise counts, module max abs, fingerprints."""
-    out: dict = {"checks": {}}
-    for c in rep_dict.get("checks", []):
-        num = str(CHECK_IDS.index(c["id"]) + 1) if c.get("id") in CHECK_IDS else c["title"].split(" ", 1)[0]
-        out["checks"][num] = c["status"]
-        kids = c.get("checks", [])
-        if num == "1" and c.get("figures"):
-            out["safetensors_bitwise"] = [c["figures"].get("bitwise_equal"), c["figures"].get("tensors")]
-        elif num == "2":
-            for k in kids:
-                f = k.get("figures") or {}
-                if k["title"] == "initializers" and "paired" in f:
-                    out["onnx_initializers_bitwise"] = [f["paired"] - len(f.get("differences", [])), f["paired"]]
-        elif num == "3":
-            eq = sum((k.get("figures") or {}).get("bitwise_equal", 0) for k in kids)
-            n = sum((k.get("figures") or {}).get("count", 0) for k in kids)
-            out["outputs_bitwise"] = [eq, n] if n else None
-        elif num == "4":
-            mx = {}
-            for k in kids:
-                vals = [(g.get("figures") or {}).get("max_abs") for g in k.get("checks", [])]
-                vals = [v for v in vals if isinstance(v, (int, float))]
-                mx[k["title"].split(" (")[0].replace("torch module ", "")] = max(vals) if vals else None
-            out["module_max_abs"] = mx
-            out["max_bound_ratio"] = (c.get("figures") or {}).get("max_bound_ratio")
-        elif num == "5":
-            fps = (c.get("figures") or {}).get("fingerprints", {})
-            out["fingerprints"] = {str(s): v.get("reference") for s, v in fps.items()}
-        elif num == "6":
-            out["files"] = {k["title"]: k["status"] for k in kids}
-    return out
-
-
-@dataclass
-class _Context:
-    out: Path
-    options: ConvertOptions
-    light: object  # VerifyOptions
-    full: object
-    previous: Dict[str, dict]
-    force: bool
-    writer: ProgramWriter
-
-
-def _outputs_intact(out: Path, prev: dict) -> bool:
-    outs = prev.get("outputs") or {}
-    if not outs:
-        return False
-    for a in outs.values():
-        p = out / a["file"]
-        if sha_file(p) != a.get("sha256"):
-            return False
-    return True
-
-
-def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool:
-    if ctx.force or not prev or prev.get("status") != OK:
-        return False
-    if prev.get("source_sha256") != sha or prev.get("tool_version") != __version__ or prev.get("stem") != item.out_stem:
-        return False
-    if item.newest and ctx.options.verify and prev.get("profile") != PROFILE_FULL:
-        return False
-    return _outputs_intact(ctx.out, prev)
-
-
-def _skipped(entry: dict, prev: dict) -> dict:
-    keep = {k: prev.get(k) for k in ("source_sha256", "source_bytes", C.CKPT_GLOBAL_STEP, "spec", "reference", "outputs",
-                                     "verify", "profile", "seconds", "same_as", "same_as_sha256")}
-    entry.update({k: v for k, v in keep.items() if v is not None})
-    entry.update(status=prev["status"], run=SKIPPED)
-    return entry
-
-
-def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
-    """One checkpoint through ``pipeline.convert_one`` (``ckpt``: already loaded); returns its manifest
-    entry (nothing else is kept)."""
-    t0 = time.perf_counter()
-    entry = base_entry(item)
-    try:
-        if ckpt is None:
-            data = read_input_file(item.path)
-            sha = sha256_bytes(data)
-            entry.update(source_sha256=sha, source_bytes=len(data))
-            prev = ctx.previous.get(item.rel)
-            if _can_skip(prev, sha, item, ctx):
-                entry = _skipped(entry, prev)
-                entry["seconds_this_run"] = round(time.perf_counter() - t0, 3)
-                return entry
-            # the bytes already read and hashed: the file is read once (torch's warnings are silenced
-            # for the whole batch by run_batch: catch_warnings is not thread-safe)
-            ckpt = load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
-            data = None
-        else:
-            entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
-        entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
-        res = convert_one(item.path, ctx.out / item.sub, ctx.options, checkpoint=ckpt, writer=ctx.writer, stem=item.stem,
-                          profile=ctx.full if item.newest else ctx.light,
-                          notes=[NEWEST_NOTE if item.newest else profile_note(ctx.light)],
-                          fsync=False, suggest_reference=False, check_tolerances=False)
-        s = res.summary()
-        decision = divisor_record(res.conversion.policy)  # (summary()'s is None without a normalizer)
-        entry["spec"] = s["spec"]
-        entry["reference"] = res.reference.name if res.reference else None
-        entry["divisor"] = dict(decision, summary=describe_divisor(decision))
-        entry["outputs"] = {k: dict(a, file=f"{item.sub}/{a['file']}" if item.sub else a["file"])
-                            for k, a in res.outputs().items()}  # paths below OUT
-        entry["status"] = OK
-        rep = res.report
-        if rep is not None:
-            v = dict(s["verify"])  # verdict, ok, first_failure
-            v.update(_key_figures(rep.to_dict()))
-            entry["verify"] = v
-            if not v["ok"]:
-                entry["status"] = VERIFY_FAILED
-                entry["error"] = f"verification failed: {v['first_failure']}"
-        entry["run"] = CONVERTED if entry["status"] == OK else FAILED
-    except Exception as exc:  # one bad checkpoint never stops the others
-        entry.update(status=ERROR, run=FAILED, error=one_line(exc, item.path))
-    entry["seconds"] = round(time.perf_counter() - t0, 3)
-    return entry
-
-
-def _convert_task(item: Item):
-    """A worker's task: ``convert_item`` with the context the parent set before forking; returns the
-    entry and the ``.pt2`` writer's notes (both plain data)."""
-    ctx = shared()["ctx"]
-    with EXPORT_GATE.shared():  # threads: torch.export runs alone (a process has one thread)
-        return convert_item(item, ctx), list(ctx.writer.notes)
-
-
-def _alias_task(item: Item, candidates):
-    ctx = shared()["ctx"]
-    with EXPORT_GATE.shared():
-        return check_alias(item, ctx, candidates, convert_item), list(ctx.writer.notes)
-
-
-def warm_up(items: List[Item], ctx: _Context) -> None:
-    """In the parent, before the workers fork: the third-party modules the work imports (the package's
-    are this module's imports), and the ``.pt2`` template of the first checkpoint's architecture traced (``torch._dynamo``'s import and the trace
-    are then paid once, not once per worker). A checkpoint that does not load is left to its task."""
-    import onnxruntime  # noqa: F401
-    import safetensors.torch  # noqa: F401
-
-    if not ctx.options.program or not items:
-        return
-    try:
-        it = items[0]
-        ckpt = load_checkpoint(it.path, quiet_warnings=False)  # (its sha256 is not needed here)
-        prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
-        ctx.writer.program_bytes(prep.conversion.policy)
-        torchcompat.preload_export()  # what torch.export.load needs too
-    except Exception:  # noqa: BLE001 - its task reports it
-        pass
-
-
-NEWEST_NOTE = "batch: newest checkpoint of its behavior, full verification profile"
-
-
-def profile_note(light) -> str:
-    """The batch profile (``batch_profiles``' first) in words: the note of every report it verified
-    (a batch's, and ``verify OUT/``'s where the manifest records it)."""
-    return (f"batch verification profile: checks 1-3 in full ({light.rows} probe rows), module "
-            f"{'/'.join(light.dtypes)} on {', '.join(light.devices) if light.devices else 'every device present'}, "
-            f"fingerprints of {'/'.join(map(str, light.fingerprint_steps))} steps, no torch.export.load of the "
-            ".pt2 (check 6 compares its bytes); float16/bfloat16 and 128-step fingerprints on the newest "
-            "checkpoint only")
-
-
-def batch_profiles(options: ConvertOptions):
-    """(batch profile, full profile) of VerifyOptions for a run directory."""
-    full = options.verify_options or VerifyOptions()
-    dts = ("float32",) if "float32" in full.dtypes else tuple(full.dtypes)[:1]
-    light = replace(full, rows=min(full.rows, BATCH_ROWS), dtypes=dts, fingerprint_steps=BATCH_FINGERPRINT_STEPS,
-                    program_load=False)
-    return light, full
+# (their home before batch.item: what benchmarks/batch.py and the callers of batch.run use)
+__all__ = ["run_batch", "BatchResult", "check_tolerances", "WARNING", "START", "ENTRY", "DEPLOYED", "batch_profiles",
+           "profile_note", "convert_item", "warm_up", "_Context", "NEWEST_NOTE", "BATCH_ROWS", "BATCH_FINGERPRINT_STEPS"]
 
 
 # what run_batch reports while it runs (``events(kind, data)``); it prints nothing
@@ -353,7 +168,8 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     found.warnings.extend(check_tolerances(items, o))
     make_dirs(out)
     with locked(out, MANIFEST_JSON):  # one batch at a time in OUT (it owns the manifest); proves OUT writable
-        return _run_batch(source, out, o, found, jobs, force, t0, processes, events)
+        return _run_batch(_Batch(source, out, o, found, max(1, int(jobs or default_jobs())), force, t0, processes,
+                                 events))
 
 
 TOLERANCE_TRIES = 3  # checkpoints tried per folder for its spec (a broken one is its own task's error)
@@ -394,112 +210,156 @@ def _runs_record(found, out: Path) -> List[dict]:
              "checkpoints": r.checkpoints, "deployed": [d.rel for d in r.deployed]} for r in found.runs]
 
 
-def _run_batch(source: Path, out: Path, o: ConvertOptions, found, jobs, force: bool, t0: float, processes: bool,
-               events: Callable[[str, object], None]) -> BatchResult:
+@dataclass
+class _Batch:
+    """One batch as ``run_batch`` starts it: what it was given (``jobs``: the workers) and what it found."""
+
+    source: Path
+    out: Path
+    o: ConvertOptions
+    found: object  # rundir.discover's
+    jobs: int
+    force: bool
+    t0: float
+    processes: bool
+    events: Callable[[str, object], None]
+
+
+def _header(b: _Batch, light, full) -> dict:
+    """The manifest's header: the format, the tool and host, what was found where, the options and profiles."""
     import torch
 
-    root, status, items, warns = found.root, found.status, found.items, found.warnings
+    found, status = b.found, b.found.status
     several = len(found.runs) > 1
+    return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
+            "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
+            "host": host_info(),
+            "source": str(b.source), "run_dir": str(found.root), STATUS_KEY: str(status) if status else None,
+            "found_by": ", ".join(sorted({r.found_by for r in found.runs})) if several else
+            (C.STATUS_FILE if status else "file names"),
+            "layout": f"out/{'<run>/' if several else ''}<stem>.{{safetensors,onnx,pt2,verify.json,golden.npz}}",
+            "runs": _runs_record(found, b.out),
+            "options": options_record(b.o, light, full),
+            "verification": {
+                "newest_of_each_behavior": "full profile (as a single conversion)",
+                "others": profile_note(light) if b.o.verify else None}}
+
+
+def _run_batch(b: _Batch) -> BatchResult:
+    import torch
+
+    items, warns = b.found.items, b.found.warnings
     for sub in sorted({""} | {it.sub for it in items}):
-        make_dirs(out / sub)
-        clean_stale_temporaries(out / sub, ([MANIFEST_JSON, MANIFEST_CSV] if not sub else []) +
+        make_dirs(b.out / sub)
+        clean_stale_temporaries(b.out / sub, ([MANIFEST_JSON, MANIFEST_CSV] if not sub else []) +
                                 [f"{it.stem}{suffix}" for it in items if it.stem and it.sub == sub
                                  for suffix in SUFFIXES.values()])
-    jobs = max(1, int(jobs or default_jobs()))
-    light, full = batch_profiles(o)
-    header = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
-              "tool": {"name": "huggy-convert", "version": __version__, "torch": torch.__version__},
-              "host": host_info(),
-              "source": str(source), "run_dir": str(root), STATUS_KEY: str(status) if status else None,
-              "found_by": ", ".join(sorted({r.found_by for r in found.runs})) if several else
-              (C.STATUS_FILE if status else "file names"),
-              "layout": f"out/{'<run>/' if several else ''}<stem>.{{safetensors,onnx,pt2,verify.json,golden.npz}}",
-              "runs": _runs_record(found, out),
-              "options": options_record(o, light, full),
-              "verification": {
-                  "newest_of_each_behavior": "full profile (as a single conversion)",
-                  "others": profile_note(light) if o.verify else None}}
-    previous, warn = read_previous(out, header) if not force else ({}, None)
+    light, full = batch_profiles(b.o)
+    header = _header(b, light, full)
+    previous, warn = read_previous(b.out, header) if not b.force else ({}, None)
     warns += [warn] if warn else []
     for w in warns:
-        events(WARNING, w)
-    writer = ProgramWriter(fast=True)
-    ctx = _Context(out=out, options=o, light=light, full=full, previous=previous, force=force, writer=writer)
-    manifest = Manifest(out, header)
-    for i, it in enumerate(items):
-        manifest.order[it.rel] = i
-    results: Dict[str, dict] = {}
-
-    def report(entry: dict) -> None:
-        results[entry["source"]] = entry
-        manifest.entries[entry["source"]] = entry
-        events(ENTRY, entry)
-        manifest.maybe_write()
-
+        b.events(WARNING, w)
+    ctx = _Context(out=b.out, options=b.o, light=light, full=full, previous=previous, force=b.force,
+                   writer=ProgramWriter(fast=True))
+    running = _Running(b, ctx, Manifest(b.out, header))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one torch thread per worker: the workers are the parallelism
-    aliases = [it for it in items if it.kind == "checkpoint"]
-    work = [it for it in items if it.kind != "checkpoint"]
-    events(START, len(items))
+    b.events(START, len(items))
     quiet = warnings.catch_warnings()  # entered and left by this thread only; the workers see its filter
     quiet.__enter__()
     warnings.simplefilter("ignore")  # torch's warnings would break the one-line errors
-    notes: List[str] = []
-    pool = None
     try:
+        running.all()
+    finally:
+        if running.pool is not None:
+            running.pool.close(interrupted=sys.exc_info()[0] is not None)
+        quiet.__exit__(None, None, None)
+        torch.set_num_threads(threads)
+        summary = running.summary(header)
+        running.manifest.write(summary, csv_too=summary is not None)
+    return BatchResult(b.source, b.out, summary, running.manifest.deployed, header["found_by"], len(b.found.runs))
+
+
+@dataclass
+class _Running:
+    """A batch while its checkpoints run: the manifest, each finished entry (``results``), the ``.pt2``
+    writer's notes the workers returned, the pool."""
+
+    b: _Batch
+    ctx: _Context
+    manifest: Manifest
+    results: Dict[str, dict] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    pool: Optional[Pool] = None
+
+    def __post_init__(self):
+        for i, it in enumerate(self.b.found.items):
+            self.manifest.order[it.rel] = i
+
+    def report(self, entry: dict) -> None:
+        self.results[entry["source"]] = entry
+        self.manifest.entries[entry["source"]] = entry
+        self.b.events(ENTRY, entry)
+        self.manifest.maybe_write()
+
+    def run(self, tasks, subjects) -> None:
+        for i, ok, res in self.pool.run(tasks):
+            if ok:
+                entry, more = res
+                self.notes.extend(n for n in more if n not in self.notes)
+            else:  # only a worker's death reaches here: every task catches its own errors
+                entry = base_entry(subjects[i])
+                entry.update(status=ERROR, run=FAILED, error=f"{subjects[i].path}: {res}")
+            self.report(entry)
+
+    def all(self) -> None:
+        """Every checkpoint (a missing one reported as such), then each ``checkpoint.pt`` against the step
+        entries' results, then the run-root ``<Behavior>.onnx`` files."""
+        b, items, previous = self.b, self.b.found.items, self.ctx.previous
+        aliases = [it for it in items if it.kind == "checkpoint"]
+        work = [it for it in items if it.kind != "checkpoint"]
         for it in work:
             if it.missing:
                 e = base_entry(it)
                 e.update(status=MISSING, run=FAILED,
-                         error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {source}")
-                report(e)
+                         error=f"{it.path}: listed in {STATUS_FILE.as_posix()} but no such file under {b.source}")
+                self.report(e)
         todo = [it for it in work if not it.missing]
         # the .pt2 template is traced before the fork unless every checkpoint is likely to be skipped
         # (each has a verified entry in the manifest; a worker traces for itself if it must convert)
         likely_skipped = all((previous.get(it.rel) or {}).get("status") == OK for it in todo)
-        pool = Pool(jobs, {"ctx": ctx}, warm=lambda: warm_up([] if likely_skipped else todo, ctx),
-                    processes=processes)
-
-        def run(tasks, subjects):
-            for i, ok, res in pool.run(tasks):
-                if ok:
-                    entry, more = res
-                    notes.extend(n for n in more if n not in notes)
-                else:  # only a worker's death reaches here: every task catches its own errors
-                    entry = base_entry(subjects[i])
-                    entry.update(status=ERROR, run=FAILED, error=f"{subjects[i].path}: {res}")
-                report(entry)
-
+        self.pool = Pool(b.jobs, {"ctx": self.ctx}, warm=lambda: warm_up([] if likely_skipped else todo, self.ctx),
+                         processes=b.processes)
         # the newest of each behavior first (the full profile: the longest task), then the others
         ordered = sorted(todo, key=lambda it: not it.newest)
-        run([(_convert_task, (it,)) for it in ordered], ordered)
+        self.run([(_convert_task, (it,)) for it in ordered], ordered)
         tasks = []
         for it in aliases:
             folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
             newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
-            cands = [(w, results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
+            cands = [(w, self.results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
             tasks.append((_alias_task, (it, cands)))
-        run(tasks, aliases)
-        pool.close()
-        for dep in (d for r in found.runs for d in r.deployed):  # the run-root <Behavior>.onnx files
-            d = check_deployed(dep, items, results, out, o.verify, light)
-            manifest.deployed.append(d)
-            events(DEPLOYED, d)
-    finally:
-        if pool is not None:
-            pool.close(interrupted=sys.exc_info()[0] is not None)
-        quiet.__exit__(None, None, None)
-        torch.set_num_threads(threads)
-        entries = manifest.sorted_entries()
-        summary = summarize(entries, time.perf_counter() - t0, jobs, manifest.deployed) \
-            if len(entries) == len(items) else None
-        if summary is not None:
-            summary["warnings"] = warns + [n for n in writer.notes if n not in notes] + notes
-            summary["workers"] = pool.describe() if pool is not None else None
-            summary["runs"] = header["runs"]
-            for r, rec in zip(found.runs, summary["runs"]):
-                b = best_entry([results[it.rel] for it in items if it.sub == r.sub and it.rel in results])
-                rec.update(best_reward=b["reward"] if b else None, best_step=b.get("step") if b else None,
-                           best_stem=b["stem"] if b else None)
-        manifest.write(summary, csv_too=summary is not None)
-    return BatchResult(source, out, summary, manifest.deployed, header["found_by"], len(found.runs))
+        self.run(tasks, aliases)
+        self.pool.close()
+        for dep in (d for r in b.found.runs for d in r.deployed):  # the run-root <Behavior>.onnx files
+            d = check_deployed(dep, items, self.results, b.out, b.o.verify, self.ctx.light)
+            self.manifest.deployed.append(d)
+            b.events(DEPLOYED, d)
+
+    def summary(self, header: dict) -> Optional[dict]:
+        """The manifest's summary, once every checkpoint has an entry (None before)."""
+        b, entries = self.b, self.manifest.sorted_entries()
+        if len(entries) != len(b.found.items):
+            return None
+        summary = summarize(entries, time.perf_counter() - b.t0, b.jobs, self.manifest.deployed)
+        writer_notes = self.ctx.writer.notes
+        summary["warnings"] = b.found.warnings + [n for n in writer_notes if n not in self.notes] + self.notes
+        summary["workers"] = self.pool.describe() if self.pool is not None else None
+        summary["runs"] = header["runs"]
+        for r, rec in zip(b.found.runs, summary["runs"]):
+            got = [self.results[it.rel] for it in b.found.items if it.sub == r.sub and it.rel in self.results]
+            best = best_entry(got)
+            rec.update(best_reward=best["reward"] if best else None, best_step=best.get("step") if best else None,
+                       best_stem=best["stem"] if best else None)
+        return summary

@@ -164,3 +164,8 @@ def describe_input(spec, i: int, given=None) -> str:
         if any(p.name == name for p in b.inputs(spec)):
             return b.describe_input(spec, i, given)
     return ""
+
+def action_heads() -> Tuple[Tuple[str, Tuple[str, str]], ...]:
+    """(name, (deterministic output, sampled output)) of each block that makes actions, in registry order:
+    what the Python API calls each head's actions (``api.Actions``)."""
+    return tuple((b.action, b.action_outputs) for b in REGISTRY if getattr(b, "action", None))

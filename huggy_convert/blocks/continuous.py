@@ -191,6 +191,10 @@ class Continuous(Block):
         return (("fixed_sigma",) if spec.continuous_size and spec.algorithm == C.TRAINER_PPO else ()) + \
             (("tanh_sample",) if spec.algorithm == C.TRAINER_SAC else ())
 
+    # the Python API's name of this head's actions (api.Actions) and its (deterministic, sampled) outputs
+    action = "continuous"
+    action_outputs = (C.OUT_CONT_DET, C.OUT_CONT)
+
 
 def _deterministic(fast, mu, inplace: bool):
     """The deterministic action from ``mu`` (float32): clipped to +-ACTION_CLIP and scaled to [-1, 1]

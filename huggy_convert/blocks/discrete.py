@@ -149,3 +149,7 @@ class Discrete(Block):
     traits_described = {"integer_output": "a policy with discrete actions",
                         "integer_and_real": "a hybrid (continuous + discrete) policy"}
     variants = {"discrete": "integer_output", "hybrid": "integer_and_real"}
+
+    # the Python API's name of this head's actions (api.Actions) and its (deterministic, sampled) outputs
+    action = "discrete"
+    action_outputs = (C.OUT_DISC_DET, C.OUT_DISC)

@@ -9,7 +9,7 @@ import click
 
 from .. import contract as C
 from ..batch.manifest import PROFILE_FULL
-from ..batch.reverify import RECORDED, raise_error_record, verify_out
+from ..batch.reverify import RECORDED, Asked, raise_error_record, verify_out
 from ..batch.run import run_batch
 from ..console import show_verdict
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
@@ -86,9 +86,8 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
     with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
     passed, but some recorded checks could not be run (partial PASS)."""
     with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty(), least=2) as p:
-        recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
-                                   options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
-                                   profile=profile, render=not as_json, require_complete=require_complete, events=p)
+        asked = Asked(reference, checkpoint, verify_options(atol, rtol, cosine, devices, dtypes), profile, require_complete)
+        recs, workers = verify_out(out, asked, jobs=jobs or None, render=not as_json, events=p)
     # the reports are written and the verdicts decided: the exit code first (the first error's, where a set
     # could not be verified), then the display
     errors = [r["error"] for r in recs if "error" in r]

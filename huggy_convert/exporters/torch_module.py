@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -62,11 +62,19 @@ class Affine(nn.Module):
         return torch.addmm(p["bias"], h, p["weight"].t())
 
 
+def noise_widths(spec) -> Tuple[int, int]:
+    """(the normal noise's columns, the uniform noise's): the sampled outputs' ``Port.noise``, added up."""
+    ports = spec.io_signature().noise_outputs()
+    return (sum(p.width for p in ports if p.noise == "normal"), sum(p.width for p in ports if p.noise == "uniform"))
+
+
 def draw_noise(spec, batch: int, seed: int):
-    """(normal noise [batch, A], uniform [batch, branches]) drawn on the CPU from ``seed``."""
+    """(normal noise [batch, its columns], uniform [batch, its columns]) drawn on the CPU from ``seed``,
+    the normal first (``noise_widths``)."""
+    normal, uniform = noise_widths(spec)
     g = torch.Generator(device="cpu").manual_seed(int(seed))
-    eps = torch.randn(batch, spec.continuous_size, generator=g, dtype=torch.float32)
-    u = torch.rand(batch, len(spec.discrete_branches), generator=g, dtype=torch.float32)
+    eps = torch.randn(batch, normal, generator=g, dtype=torch.float32)
+    u = torch.rand(batch, uniform, generator=g, dtype=torch.float32)
     return eps, u
 
 
@@ -228,7 +236,8 @@ class PolicyModule(nn.Module):
             eps, u = self.draw_noise(inputs[0].shape[0], seed)
             noise = eps if noise is None else noise
             uniform = u if uniform is None else uniform
-        if (self.spec.continuous_size and noise is None) or (self.spec.discrete_branches and uniform is None):
+        normal, uniform_width = noise_widths(self.spec)
+        if (normal and noise is None) or (uniform_width and uniform is None):
             raise ValueError("sample() needs a seed, or injected noise for every head")
         return self._run(inputs, {"noise": noise, "uniform": uniform})
 

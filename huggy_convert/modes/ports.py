@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-import numpy as np
 
 from .. import blocks
 from ..core.flow import DETERMINISTIC, SAMPLED, Port
@@ -93,23 +92,3 @@ def variant_table() -> Dict[str, Tuple[Optional[str], str]]:
 def variant_with(trait: str) -> str:
     """The fixture variant that stands for ``trait``."""
     return next(name for name, (t, _) in variant_table().items() if t == trait)
-
-
-class Stepper:
-    """A closed loop's inputs from step to step (a rollout): each step's feed gets every input it may
-    leave out (``IOSignature.defaults``: masks allowing every choice, carried state zeros at first),
-    then what the previous step's outputs feed back (``IOSignature.feedback``): ``step(feed)`` before
-    the run, ``update(outputs)`` after it."""
-
-    def __init__(self, spec, rows: int):
-        sig = spec.io_signature()
-        self.inputs = sig.defaults(rows)  # the runners read their feeds, never write them
-        self.feedback = sig.feedback()
-
-    def step(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        feed.update(self.inputs)
-        return feed
-
-    def update(self, outputs: Dict[str, np.ndarray]) -> None:
-        for out, into in self.feedback.items():
-            self.inputs[into] = np.asarray(outputs[out], np.float32)

@@ -30,7 +30,8 @@ import numpy as np
 from .. import contract as C
 from ..core.flow import Port
 from .common import ModeResult, g
-from .ports import Stepper, action_pairs
+from ..runtime.feeds import Stepper
+from .ports import action_pairs
 from .sources import Source, make_runner
 
 ALPHA, BETA, SIGMA, U_MAX = 0.9, 0.5, 0.1, 10.0

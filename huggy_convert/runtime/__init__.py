@@ -1,12 +1,13 @@
 """One runtime layer (Polygraphy's idea): every way of running a policy is a :class:`Runner` with the
 same two calls, ``infer(feed) -> {output: array}`` and ``sample(feed, seed=None, noise=None)`` for the
 stochastic heads; and every feed (random observations at the normalizer's scale, verify's probes,
-the completed masks and memories, the CPU noise) is made in :mod:`.feeds`.
+the inputs a feed may leave out and the carried state, from the ports; the CPU noise) is made in
+:mod:`.feeds`.
 
 - :mod:`.ort`: the one onnxruntime session factory (every execution provider) and :class:`OrtRunner`
 - :mod:`.torch_runners`: :class:`ModuleRunner` (a ``PolicyModule``), :class:`ProgramRunner` (a saved
   ``.pt2``, through ``torch.export.load`` only)
-- :mod:`.feeds`: probes, random observations, complete_feed, noise
+- :mod:`.feeds`: probes, random observations, complete_feed, Stepper (a closed loop), noise
 - :mod:`.threads`: ``torch_threads(n)``, torch's intra-op thread count for a scope (``VERIFY_THREADS``)
 
 Stages below (contract, converter, exporters) are used; verify and modes use this layer.

@@ -1,14 +1,15 @@
 """Every feed of the runners in one place: verify's seeded probes (the normalizer's scale plus
-outliers that hit the clips), random observations at the normalizer's scale, the completed masks and
-memories, and the noise of the stochastic heads (drawn on the CPU, so a seed means one sample on every
+outliers that hit the clips), random observations at the normalizer's scale, the inputs a feed may
+leave out (``IOSignature.fills``), and the noise of the stochastic heads (drawn on the CPU, so a seed means one sample on every
 device)."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import blocks, contract as C
+from ..core.flow import Port
 from ..core.policy import Policy
 from ..core.spec import PolicySpec
 from ..exporters.torch_module import draw_noise as torch_noise
@@ -29,9 +30,30 @@ def make_probes(policy: Policy, rows: int = 64, seed: int = 0) -> Dict[str, np.n
     return feed
 
 
+NORMAL, UNIFORM = "normal", "uniform"  # Port.noise: how a sampled output's noise is drawn
+
+
+def injected(spec: PolicySpec) -> List[Port]:
+    """The sampled outputs whose noise a graph can take as an input (``C.NOISE_INPUT``: one standard normal
+    per column, ``exporters.with_noise_input``), in output order; the others' draws (``"uniform"``) a graph
+    makes itself, without a seed."""
+    return [p for p in spec.io_signature().noise_outputs() if p.noise == NORMAL]
+
+
+def unseeded(spec: PolicySpec) -> List[Port]:
+    """The sampled outputs an ONNX cannot be given the noise of (its own draw has no seed)."""
+    return [p for p in spec.io_signature().noise_outputs() if p.noise != NORMAL]
+
+
+def noise_width(spec: PolicySpec, kind: str = NORMAL) -> int:
+    """The columns of the noise of kind ``kind`` the sampled outputs take (0: none)."""
+    return sum(p.width for p in spec.io_signature().noise_outputs() if p.noise == kind)
+
+
 def make_noise(policy: Policy, rows: int, seed: int = 0) -> np.ndarray:
+    """The injected standard normal noise [rows, width] of ``policy``'s sampled outputs (``injected``)."""
     rng = np.random.default_rng(seed + 7919)
-    return rng.standard_normal((rows, policy.spec.continuous_size)).astype(np.float32)
+    return rng.standard_normal((rows, noise_width(policy.spec))).astype(np.float32)
 
 
 def draw_noise(spec: PolicySpec, rows: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -63,39 +85,35 @@ def zeros_obs(spec: PolicySpec, rows: int) -> Dict[str, np.ndarray]:
     return {C.OBS_INPUT.format(i=i): np.zeros((rows,) + spec.obs_shape(i), np.float32) for i in range(spec.obs_count)}
 
 
-def initial_memory(spec: PolicySpec, rows: int) -> Optional[np.ndarray]:
-    """The memory at the start of an episode: zeros [rows, 1, memory_size] (float32), or None without memory."""
-    return np.zeros((rows, 1, spec.memory_size), np.float32) if spec.memory_size else None
-
-
 def complete_feed(spec: PolicySpec, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Add all-ones action masks and zero memories where the feed has none."""
+    """Add every input the feed may leave out (``IOSignature.fills``: masks allowing every choice, the
+    carried state of a first step) where the feed has none."""
     rows = next(iter(feed.values())).shape[0]
-    if spec.discrete_branches and C.ACTION_MASKS not in feed:
-        feed[C.ACTION_MASKS] = np.ones((rows, spec.discrete_total), np.float32)
-    if spec.memory_size and C.RECURRENT_IN not in feed:
-        feed[C.RECURRENT_IN] = initial_memory(spec, rows)
+    for port in spec.io_signature().fills():
+        if port.name not in feed:
+            feed[port.name] = port.filled(rows)
     return feed
 
 
-class Memory:
-    """A closed loop's state from step to step (a fingerprint's sequence, a rollout): each step's feed
-    gets masks that allow every action and, for an LSTM, the memory the previous step returned (zeros
-    at first): ``memory.step(feed)`` before the run, ``memory.update(outputs)`` after it."""
+class Stepper:
+    """A closed loop's inputs from step to step (a fingerprint's sequence, a rollout): each step's feed
+    gets every input a feed may leave out (``IOSignature.fills``: masks that allow every choice, made
+    once) and the carried state the previous step returned (``IOSignature.feedback``; the fill at
+    first): ``stepper.step(feed)`` before the run, ``stepper.update(outputs)`` after it."""
 
     def __init__(self, spec: PolicySpec, rows: int):
-        self.spec, self.rows = spec, rows
-        self.state = initial_memory(spec, rows)
-        # every step's masks: one array (the runners read their feeds, never write them)
-        self.masks = np.ones((rows, spec.discrete_total), np.float32) if spec.discrete_branches else None
+        sig = spec.io_signature()
+        self.feedback = sig.feedback()  # output -> the input it becomes
+        carried = set(self.feedback.values())
+        # every step's fixed inputs: one array each (the runners read their feeds, never write them)
+        self.fixed = {p.name: p.filled(rows) for p in sig.fills() if p.name not in carried}
+        self.state = {p.name: p.filled(rows) for p in sig.fills() if p.name in carried}
 
     def step(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        if self.masks is not None:
-            feed[C.ACTION_MASKS] = self.masks
-        if self.state is not None:
-            feed[C.RECURRENT_IN] = self.state
+        feed.update(self.fixed)
+        feed.update(self.state)
         return feed
 
     def update(self, outputs: Dict[str, np.ndarray]) -> None:
-        if self.state is not None:
-            self.state = np.asarray(outputs[C.RECURRENT_OUT], np.float32)
+        for out, name in self.feedback.items():
+            self.state[name] = np.asarray(outputs[out], np.float32)

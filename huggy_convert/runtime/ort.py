@@ -11,7 +11,7 @@ from .. import contract as C
 from ..errors import DeviceError, UnsupportedError
 from ..exporters.onnx_export import with_noise_input
 from .base import Feed, RunnerBase
-from .feeds import draw_noise
+from .feeds import draw_noise, injected, unseeded
 
 INTRA_OP_THREADS = 1
 CPU_EP, CUDA_EP, CANN_EP = "CPUExecutionProvider", "CUDAExecutionProvider", C.CANN_EP
@@ -120,32 +120,46 @@ class OrtRunner(RunnerBase):
     """An ONNX model (``ModelProto`` or bytes) in onnxruntime on ``device`` (an NPU through the CANN
     execution provider where onnxruntime-cann is installed, with ``precision_mode``). ``sample`` runs the same
     graph with its ``RandomNormalLike`` replaced by the input ``epsilon`` (exporters.with_noise_input),
-    fed the CPU noise of ``seed`` or ``noise``; ``spec`` gives the noise's width. ``path``: the file the
-    model came from, named in errors."""
+    fed the CPU noise of ``seed`` or ``noise``; ``spec`` gives the noise's width (``feeds.injected``: the
+    sampled outputs whose noise is normal; a graph's own uniform draw has no seed). ``path``: the file the
+    model came from, named in errors; ``graph``: the ``ModelProto`` of a ``model`` given as bytes (what
+    the noise graph is made from, without parsing the bytes again)."""
 
     runtime = "onnxruntime"
 
-    def __init__(self, model, device: str = "cpu", spec=None, path=None, precision_mode: Optional[str] = None):
+    def __init__(self, model, device: str = "cpu", spec=None, path=None, precision_mode: Optional[str] = None,
+                 graph=None):
         t0 = time.perf_counter()
         self.model, self.spec, self.path = model, spec, path
+        self.graph = graph if graph is not None else model
         self.precision_mode = precision_mode
         self.session, self.device = ort_session_on(model, device, precision_mode)
         self._asked = device
         self._noise_session = None
         self.build_seconds = time.perf_counter() - t0
-        if spec is not None and spec.discrete_branches and spec.continuous_size:
-            self.note = "discrete actions are not sampled for an ONNX (its Multinomial has no seed): continuous only"
+        given, own = (injected(spec), unseeded(spec)) if spec is not None else ([], [])
+        if given and own:
+            self.note = (f"{', '.join(p.name for p in own)} not sampled for an ONNX (its Multinomial has no seed): "
+                         f"{', '.join(p.name for p in given)} only")
 
     def infer(self, feed: Feed) -> Feed:
         return ort_run(self.session, feed)
 
-    def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
-        if self.spec is None or not self.spec.continuous_size:
-            raise UnsupportedError("seeded sampling of a discrete-only ONNX is not available: its Multinomial "
-                                   "node has no seed (give the .pt or .safetensors)", self.path)
+    def noise_session(self):
+        """The session of the graph with the noise as an input (made on the first call)."""
         if self._noise_session is None:
-            self._noise_session = ort_session_on(with_noise_input(self.model), self._asked, self.precision_mode)[0]
+            self._noise_session = ort_session_on(with_noise_input(self.graph), self._asked, self.precision_mode)[0]
+        return self._noise_session
+
+    def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
+        """The sampled outputs whose noise the graph takes, and the carried state (``IOSignature.feedback``)."""
+        given = injected(self.spec) if self.spec is not None else []
+        if not given:
+            own = ", ".join(p.name for p in unseeded(self.spec)) if self.spec is not None else "its sampled outputs"
+            raise UnsupportedError(f"seeded sampling of this ONNX is not available: {own or 'nothing'} is drawn by "
+                                   "its Multinomial node, which has no seed (give the .pt or .safetensors)", self.path)
         if noise is None:
             noise = draw_noise(self.spec, next(iter(feed.values())).shape[0], seed)[0]
-        out = ort_run(self._noise_session, dict(feed, **{C.NOISE_INPUT: noise}))
-        return {k: out[k] for k in (C.OUT_CONT, C.RECURRENT_OUT) if k in out}  # (the memory: an LSTM's next state)
+        out = ort_run(self.noise_session(), dict(feed, **{C.NOISE_INPUT: noise}))
+        keep = [p.name for p in given] + list(self.spec.io_signature().feedback())
+        return {k: out[k] for k in keep if k in out}

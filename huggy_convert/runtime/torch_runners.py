@@ -9,7 +9,6 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import contract as C
 from ..errors import InputError, UnsupportedError
 from ..exporters.pt2 import unsafe_reason
 from ..exporters.torch_module import build_module
@@ -28,16 +27,19 @@ def _dtype_name(t) -> str:
 
 class ModuleRunner(RunnerBase):
     """A ``PolicyModule`` (exporters.torch_module) on the device its parameters are on. ``sample``: the
-    module's own ``sample`` with the seed's CPU noise, or the injected ``noise``."""
+    module's own ``sample`` with the seed's CPU noise, or the injected ``noise``; with ``carry`` (the
+    default) also the carried state, which costs a deterministic forward (verification, which runs that
+    forward in ``infer``, leaves it out)."""
 
     runtime = "torch"
 
-    def __init__(self, module, dtype: Optional[str] = None, build_seconds: float = 0.0):
+    def __init__(self, module, dtype: Optional[str] = None, build_seconds: float = 0.0, carry: bool = True):
         params = list(module.parameters())
         self.module = module
         self.device = str(params[0].device) if params else "cpu"
         self.dtype = dtype or (_dtype_name(params[0]) if params else "float32")
         self.build_seconds = build_seconds
+        self.carry = carry
         self._dev = params[0].device if params else "cpu"
 
     @classmethod
@@ -46,6 +48,10 @@ class ModuleRunner(RunnerBase):
         t0 = time.perf_counter()
         mod = build_module(policy, device=device, dtype=dtype)
         return cls(mod, dtype, time.perf_counter() - t0)
+
+    def pinned(self) -> Dict[str, str]:
+        """The dtype of each buffer the module keeps in float32 whatever its weights' dtype."""
+        return self.module.pinned_dtypes() if hasattr(self.module, "pinned_dtypes") else {}
 
     def _inputs(self, feed: Feed):
         import torch
@@ -61,20 +67,20 @@ class ModuleRunner(RunnerBase):
         return {n: _numpy(o) for n, o in zip(self.module.output_names, out)}
 
     def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
-        """The sampled actions and, for a policy with memory, its next state (``recurrent_out``: the
-        noise does not touch it; ``PolicyModule.sample`` does not return it, so the deterministic
-        forward of the same inputs gives it)."""
+        """The sampled outputs and, with ``carry``, the carried state (``IOSignature.feedback``: the noise
+        does not touch it; ``PolicyModule.sample`` does not return it, so the deterministic forward of
+        the same inputs gives it)."""
         import torch
 
-        spec = self.module.spec
-        names = ([C.OUT_CONT] if spec.continuous_size else []) + ([C.OUT_DISC] if spec.discrete_branches else [])
+        sig = self.module.spec.io_signature()
         xs = self._inputs(feed)
         with torch.no_grad():
             out = self.module.sample(*xs, seed=seed, noise=None if noise is None else torch.from_numpy(noise))
-            res = {n: _numpy(o) for n, o in zip(names, out)}
-            if spec.memory_size:
-                det = self.module(*xs)
-                res[C.RECURRENT_OUT] = _numpy(det[list(self.module.output_names).index(C.RECURRENT_OUT)])
+            res = {n: _numpy(o) for n, o in zip(sig.sampled_output_names(), out)}
+            carried = list(sig.feedback()) if self.carry else []
+            if carried:
+                det = dict(zip(self.module.output_names, self.module(*xs)))
+                res.update({n: _numpy(det[n]) for n in carried})
         return res
 
 
@@ -106,6 +112,10 @@ class ProgramRunner(RunnerBase):
         self.dtype = "float16" if any(v == "float16" for v in self.buffers.values()) else "float32"
         self.build_seconds = time.perf_counter() - t0
 
+    def pinned(self) -> Dict[str, str]:
+        """The dtype of each normalizer buffer or constant the program holds (``buffers``)."""
+        return self.buffers
+
     def infer(self, feed: Feed) -> Feed:
         import torch
 
@@ -119,7 +129,7 @@ class ProgramRunner(RunnerBase):
                                self.path)
 
 
-# --- function forms (verify.engine calls these) ------------------------------------------------
+# --- function forms (the modes call these) ------------------------------------------------------
 def module_runner(module) -> Callable[[Feed], Feed]:
     """``infer`` of a :class:`ModuleRunner` over ``module``."""
     return ModuleRunner(module).infer

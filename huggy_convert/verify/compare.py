@@ -194,3 +194,23 @@ def parse_overrides(values) -> Dict[str, float]:
         except ValueError:
             raise InputError(f"bad tolerance '{v}': expected [OUTPUT:]NUMBER, e.g. {C.OUT_CONT_DET}:1e-5") from None
     return out
+
+
+def stats_text(s: Dict) -> str:
+    """One line of ``array_stats`` figures."""
+    if "shape_mismatch" in s:
+        return f"shape {s['shape_mismatch'][1]} != expected {s['shape_mismatch'][0]}"
+    if s.get("mismatches") is not None:
+        return f"{s['bitwise_equal']}/{s['count']} equal"
+    return (f"max_abs={s['max_abs']:.3g} max_rel={s['max_rel']:.3g} max_ulp={s['max_ulp']} "
+            f"mean_abs={s['mean_abs']:.3g} p99_abs={s['p99_abs']:.3g} cos={s['cosine']:.9f} "
+            f"bitwise={s['bitwise_equal']}/{s['count']}")
+
+
+def first_diff_text(name: str, s: Dict) -> str:
+    """Where ``array_stats`` saw the first difference ('' where none)."""
+    fd = s.get("first_diff")
+    if not fd:
+        return ""
+    ulps = f", {fd['ulps']} ulp" if "ulps" in fd else ""
+    return f"; first difference {name}{fd['index']}: expected {fd['expected']!r}, got {fd['got']!r}{ulps}"
