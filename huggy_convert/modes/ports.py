@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-
 from .. import blocks
 from ..core.flow import DETERMINISTIC, SAMPLED, Port
 
