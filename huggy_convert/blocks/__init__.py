@@ -48,7 +48,7 @@ aside when they are there):
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from .. import contract as C
 from ..core import spec as _spec
@@ -133,4 +133,47 @@ def check_constants(r: KeyRules) -> None:
     actor.check_constants(r, [c for b in order for c in b.constant_checks(r)])
 
 
-_spec.bind_architecture(_spec.Architecture(io_signature, parameter_count, encoded_width))
+def check_spec(spec) -> None:
+    """Every block's rules across the spec's fields (after each field's own check)."""
+    for b in REGISTRY:
+        b.check_spec(spec)
+
+
+def describe(spec) -> Dict[str, List[str]]:
+    """The blocks' parts of ``PolicySpec.family``, by slot, in registry order."""
+    out: Dict[str, List[str]] = {}
+    for b in REGISTRY:
+        for slot, text in b.describe(spec):
+            out.setdefault(slot, []).append(text)
+    return out
+
+
+def spec_hints(spec, hints) -> None:
+    for b in REGISTRY:
+        b.spec_hints(spec, hints)
+
+
+def observe_kinds() -> List[Block]:
+    """The observe blocks that own a kind of observation, by rank."""
+    return sorted((b for b in REGISTRY if b.obs_rank), key=lambda b: b.obs_rank)
+
+
+def onnx_inputs() -> Tuple[str, ...]:
+    """Every input other than the observations a policy's blocks can have, in registry order."""
+    return tuple(n for b in REGISTRY for n in b.onnx_inputs)
+
+
+def onnx_detect(g) -> Dict[str, Any]:
+    """The spec fields an ML-Agents ONNX's I/O says (``g``: ``converter.reference.OnnxView``), each block in
+    registry order reading its own (``Block.onnx_detect``): values, or ``Choices`` only its graph decides."""
+    found: Dict[str, Any] = {}
+    for b in REGISTRY:
+        found.update(b.onnx_detect(g, found))
+    return found
+
+
+_spec.bind_architecture(_spec.Architecture(
+    io_signature, parameter_count, encoded_width, fields=tuple(f for b in REGISTRY for f in b.spec_fields),
+    check=check_spec, describe=describe, hints=spec_hints,
+    derived={k: fn for b in REGISTRY for k, fn in b.spec_derived.items()},
+    kinds={b.obs_rank: b.obs_kind for b in observe_kinds()}))

@@ -20,12 +20,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
+from ..blocks.attention import OBS_ENTITY
+from ..blocks.visual import OBS_VISUAL
 from ..converter import Checkpoint, load_checkpoint, load_policy
 from ..converter.reference import read_onnx
 from ..core.artifacts import SAFETENSORS, SUFFIXES
 from ..core.files import load_npz, read_input_file
 from ..core.policy import Policy
-from ..core.spec import OBS_ENTITY, OBS_VECTOR, OBS_VISUAL, PolicySpec
+from ..core.spec import OBS_VECTOR, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError, describe
 from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
