@@ -226,7 +226,10 @@ class PolicySpec:
         return self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(self._key)
+        return h
 
     def __repr__(self) -> str:
         return "PolicySpec(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"

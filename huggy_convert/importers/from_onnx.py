@@ -4,9 +4,10 @@ canonical tensors, so that an ONNX-only policy goes through the one pipeline as 
 
 How the tensors are found: by synthesis, not by a second description of ML-Agents' graph.
 
-1. The spec is read from the graph's inputs and outputs (Unity's names and dims) and two counts
-   (:func:`infer_spec`); a camera's ``vis_encode_type`` is the one of ML-Agents' five whose template
-   graph matches (the likeliest first, from the node that reads the camera).
+1. The spec is read from the graph's inputs and outputs (Unity's names and dims) and a count of its
+   Sigmoids (:func:`infer_spec`), each block reading its own fields (``Block.onnx_detect``); a field only
+   the graph decides (``blocks.base.Choices``: a camera's encoder) is the value whose template graph
+   matches (the likeliest first).
 2. The blocks' ``state_template`` give that spec's state dict with placeholder values; its graph, built
    by ``exporters.onnx_export.build_onnx`` (the one description of ML-Agents' export), is matched with
    the input node by node: op types, attributes, Constant values and wiring must agree, and each of the
