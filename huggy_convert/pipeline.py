@@ -17,7 +17,7 @@ from . import contract as C
 from .converter import Checkpoint, Conversion, load_checkpoint, load_policy, policy_from_checkpoint
 from .converter.mapping import map_policy_as
 from .converter.reference import describe as describe_divisor, read_onnx
-from .converter.reference import divisor_record, goal_obs_from_reference
+from .converter.reference import divisor_record, stated_fields
 from .converter.state_dict import checkpoint_bytes, checkpoint_dict
 from .core.artifacts import (BUILT, GOLDEN, ONNX, PT2, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet,
                              clean_stale_temporaries, locked, make_dirs, sha256_bytes)
@@ -169,7 +169,7 @@ def prepare_conversion(ckpt: Checkpoint, reference: Optional[Path], obs_sizes: O
             hints_from = None
     conv = policy_from_checkpoint(ckpt, obs_sizes=sizes, official=official, divisor=divisor,
                                   reference_name=Path(reference).name if official is not None else None,
-                                  reference_sha256=ref_sha, goal_obs=goal_obs_from_reference(official),
+                                  reference_sha256=ref_sha, stated=stated_fields(official),
                                   hints_from=hints_from)
     return Prepared(conv, official, Path(reference) if official is not None else None, ref_sha)
 

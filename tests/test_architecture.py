@@ -194,3 +194,35 @@ def test_the_onnx_io_matches_the_signature(specs):
                 assert dt[v.type.tensor_type.elem_type] == p.dtype
                 assert len(v.type.tensor_type.shape.dim) == len(p.dims)
         assert np.all(pol.spec.parameter_count() > 0)
+
+
+def test_each_block_declares_its_slice_of_the_spec(specs):
+    """The spec's generic fields are core's; every other field is one block's (declared once), read as an
+    attribute; the spec stays frozen, hashable, picklable and equal to its JSON read back, and its
+    JSON writes a field only where the policy uses it (the canonical file's bytes)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from huggy_convert.core.spec import CORE_FIELDS, PolicySpec
+
+    owner = {f.name: b.name for b in blocks.REGISTRY for f in b.spec_fields}
+    assert len(owner) == sum(len(b.spec_fields) for b in blocks.REGISTRY)
+    assert not set(owner) & {f.name for f in CORE_FIELDS}
+    assert owner == {"algorithm": "continuous", "continuous_size": "continuous", "discrete_branches": "discrete",
+                     "memory_size": "memory", "attention_export": "attention", "vis_encode_type": "visual",
+                     "goal_conditioning": "goal", "goal_obs": "goal"}
+    s = specs["hybrid_lstm"]
+    assert (s.memory_size, s.encoding_size, s.discrete_branches, s.discrete_total, s.tanh_squash) == (8, 4, (3, 2), 5, False)
+    assert specs["sac_discrete"].conditional_sigma and PolicySpec(**s.values()) == s
+    assert pickle.loads(pickle.dumps(s)) == s == copy.deepcopy(s) and hash(PolicySpec.from_json(s.to_json())) == hash(s)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.memory_size = 2
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lstm'"):
+        PolicySpec(lstm=1, **s.values())
+    assert s.to_json() == ('{"activation":"swish","algorithm":"ppo","continuous_size":3,"discrete_branches":[3,2],'
+                           '"hidden_units":16,"memory_size":8,"normalize":true,"notes":[],"num_layers":2,"obs_sizes":[7,5]}')
+    assert list(s.summary()) == ["family", "algorithm", "obs_sizes", "normalize", "hidden_units", "num_layers",
+                                 "continuous_size", "discrete_branches", "memory_size", "parameters"]
+    assert s.family == "PPO actor: normalized obs 7+5 -> 2x16 swish, LSTM memory 8 -> continuous 3 + discrete 3x2"
+    assert s.stated() == {} and s.obs_kind(0) == "vector"

@@ -21,7 +21,7 @@ from huggy_convert.converter.mapping import map_policy
 from huggy_convert.errors import SpecError
 from huggy_convert.exporters.onnx_export import build_onnx, model_bytes
 from huggy_convert.exporters.torch_module import build_module
-from huggy_convert.converter.reference import goal_obs_from_reference
+from huggy_convert.converter.reference import stated_fields
 from huggy_convert.pipeline import prepare_conversion
 from huggy_convert.runtime import ort_run, ort_session
 from huggy_convert.runtime.feeds import make_probes
@@ -112,9 +112,9 @@ def test_half_precision_keeps_the_normalizer_float32(hyper):
 def test_the_official_onnx_says_which_observation_is_the_goal(hyper):
     """The inputs feeding ML-Agents' hypernetwork (through the goal Concat) are the goal observations."""
     _, official, _ = hyper
-    assert goal_obs_from_reference(official) == [1]
+    assert stated_fields(official) == {"goal_obs": (1,)}
     none = prepare_conversion(load_checkpoint(NONE), NONE.with_suffix(".onnx")).official
-    assert goal_obs_from_reference(none) is None
+    assert stated_fields(none) == {} and stated_fields(None) == {}
 
 
 def test_info_reads_the_hypernetwork_from_checkpoint_and_onnx():
@@ -136,9 +136,9 @@ def test_ambiguous_goal_is_named_not_guessed():
     sd[w] = sd[w][:, :6].clone()
     with pytest.raises(SpecError, match=r"observations \[0\] or \[1\] could be the goal"):
         map_policy(sd)
-    assert map_policy(sd, goal_obs=[0]).spec.goal_obs == (0,)
+    assert map_policy(sd, stated={"goal_obs": [0]}).spec.goal_obs == (0,)
     with pytest.raises(SpecError, match=r"goal observations \[0, 1\] do not give the hypernetwork's goal width 3"):
-        map_policy(sd, goal_obs=[0, 1])
+        map_policy(sd, stated={"goal_obs": [0, 1]})
 
 
 @pytest.mark.parametrize("ckpt,opset", [(HYPER, 13), (NONE, 9)], ids=["hyper-13", "none-9"])

@@ -7,6 +7,11 @@ A block (:class:`base.Block`) owns, for its part of the actor:
   actor's constant vectors must say about it) — ``converter.mapping`` loops over them; ``restore``
   (what writing its keys back needs beyond ``policy.sources``: ML-Agents' dtypes, alias keys) —
   ``converter.state_dict`` loops over them;
+- its slice of the spec: its fields (``spec_fields``: ``core.spec.SpecField``, each with its check and
+  JSON rule; ``check_spec`` for the rules across them), the values that follow from them
+  (``spec_derived``), its part of the family sentence (``describe``) and of the input hints
+  (``spec_hints``), the kind of observation it encodes (``obs_rank``/``obs_kind``) — bound to
+  ``core.spec`` below (``bind_architecture``);
 - its parameter count (``parameter_count``) — ``PolicySpec.parameter_count`` sums them;
 - its input/output ports (``inputs``/``outputs``) — ``PolicySpec.io_signature`` concatenates them;
 - its ONNX nodes (``onnx_observe`` for an observation's processor, ``onnx_encode`` for a features
@@ -19,8 +24,10 @@ A block (:class:`base.Block`) owns, for its part of the actor:
 - its float64 reference with error bounds (``reference_init``, ``reference_observe`` /
   ``reference_encode`` / ``reference_output``) — ``verify.bounds.Float64Policy`` loops over them;
 - its probe inputs (``probe``) — ``runtime.feeds.make_probes`` merges them;
-- the way back from an ONNX alone (``state_template``: its keys for a spec as placeholders;
-  ``onnx_recover``: the inverse of what its ONNX nodes transform) — ``importers.from_onnx`` loops over them.
+- the way back from an ONNX alone (``onnx_detect``: its spec fields from the graph's I/O;
+  ``state_template``: its keys for a spec as placeholders; ``onnx_recover``: the inverse of what its ONNX
+  nodes transform) — ``importers.from_onnx`` loops over them; and ``onnx_stated``: what an official ONNX
+  states that no checkpoint tensor does (``converter.reference.stated_fields``, read by its ``claim``).
 
 :data:`REGISTRY` is the explicit list, in Unity's I/O order (inputs: observations, action masks,
 memory; outputs: the actor's header, continuous, discrete, memory). The computation runs stage by
@@ -38,17 +45,18 @@ aside when they are there):
    node scope it needs in ``contract/`` (``mlagents.py``, ``unity.py``) and its canonical tensor
    names in ``contract/canonical.py``; a block file holds no such literal (``tests/test_architecture.py``).
 2. ``claim``: take every key the family owns with ``r.take`` / ``r.linear`` (or ``r.ignore`` with a
-   reason), fail with ``r.error`` naming the key, record spec fields in ``r.fields`` (add them to
-   ``PolicySpec``) and the feature width the next block reads in ``r.state["width"]``. Remove the
-   family's pattern from ``C.UNSUPPORTED_PATTERNS``.
-3. Implement the spec, ONNX, torch and probe hooks the family has; ``active(spec)`` says when it is there.
+   reason), fail with ``r.error`` naming the key, record spec fields in ``r.fields`` (declared in its
+   ``spec_fields``: core and the other stages are not edited) and the feature width the next block reads
+   in ``r.state["width"]``. Remove the family's pattern from ``C.UNSUPPORTED_PATTERNS``.
+3. Implement the spec, ONNX, torch and probe hooks the family has (``onnx_detect`` for reading it from an
+   ONNX alone); ``active(spec)`` says when it is there.
 4. Add an instance to :data:`REGISTRY` at its place in Unity's I/O order, and its tests (a fixture
    from ML-Agents' own code, the keys it claims, its ONNX against the official file, its module).
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from .. import contract as C
 from ..core import spec as _spec
@@ -133,7 +141,50 @@ def check_constants(r: KeyRules) -> None:
     actor.check_constants(r, [c for b in order for c in b.constant_checks(r)])
 
 
-_spec.bind_architecture(_spec.Architecture(io_signature, parameter_count, encoded_width))
+def check_spec(spec) -> None:
+    """Every block's rules across the spec's fields (after each field's own check)."""
+    for b in REGISTRY:
+        b.check_spec(spec)
+
+
+def describe(spec) -> Dict[str, List[str]]:
+    """The blocks' parts of ``PolicySpec.family``, by slot, in registry order."""
+    out: Dict[str, List[str]] = {}
+    for b in REGISTRY:
+        for slot, text in b.describe(spec):
+            out.setdefault(slot, []).append(text)
+    return out
+
+
+def spec_hints(spec, hints) -> None:
+    for b in REGISTRY:
+        b.spec_hints(spec, hints)
+
+
+def observe_kinds() -> List[Block]:
+    """The observe blocks that own a kind of observation, by rank."""
+    return sorted((b for b in REGISTRY if b.obs_rank), key=lambda b: b.obs_rank)
+
+
+def onnx_inputs() -> Tuple[str, ...]:
+    """Every input other than the observations a policy's blocks can have, in registry order."""
+    return tuple(n for b in REGISTRY for n in b.onnx_inputs)
+
+
+def onnx_detect(g) -> Dict[str, Any]:
+    """The spec fields an ML-Agents ONNX's I/O says (``g``: ``converter.reference.OnnxView``), each block in
+    registry order reading its own (``Block.onnx_detect``): values, or ``Choices`` only its graph decides."""
+    found: Dict[str, Any] = {}
+    for b in REGISTRY:
+        found.update(b.onnx_detect(g, found))
+    return found
+
+
+_spec.bind_architecture(_spec.Architecture(
+    io_signature, parameter_count, encoded_width, fields=tuple(f for b in REGISTRY for f in b.spec_fields),
+    check=check_spec, describe=describe, hints=spec_hints,
+    derived={k: fn for b in REGISTRY for k, fn in b.spec_derived.items()},
+    kinds={b.obs_rank: b.obs_kind for b in observe_kinds()}))
 
 
 # --- what the run modes ask of the blocks (modes/ reads these; a block never imports modes/) ---------

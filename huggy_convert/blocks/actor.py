@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import contract as C
 from ..core.flow import CONSTANT, Port
-from ..errors import UnsupportedError
+from ..errors import SpecError, UnsupportedError
 from .base import FRAME, Block, KeyRules
 
 
@@ -26,7 +26,10 @@ class Actor(Block):
         if version.size != 1 or float(version[0]) != C.MODEL_EXPORT_VERSION:
             raise UnsupportedError(f"not supported yet: model export version {version.tolist()} (this tool reads "
                                    f"version {C.MODEL_EXPORT_VERSION}, ML-Agents 2.x / Release 18+)", r.path)
-        r.fields["algorithm"] = C.TRAINER_PPO
+
+    def check_spec(self, spec) -> None:
+        if not spec.continuous_size and not spec.discrete_branches:
+            raise SpecError("spec has no action head (continuous_size 0, no discrete branches)")
 
     def finish(self, r: KeyRules) -> None:
         if not r.fields.get("continuous_size") and not r.fields.get("discrete_branches"):

@@ -28,13 +28,15 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import (Bounded, Linear, affine, f64, layer_norm, masked_mean, matmul, minus_plus_one, softmax,
                            stored, swish)
-from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.flow import OBSERVATION, InputHint, OnnxFlow, Port, ReferenceFlow, TorchFlow
 from ..core.numerics import U32
-from ..core.spec import OBS_ENTITY
+from ..core.spec import SpecField
+from ..errors import SpecError
 from .base import OBSERVE, Block, KeyRules
 
 LINEAR_WEIGHT, LINEAR_BIAS = "weight", "bias"
 POW_EXPONENT = "/Pow.exponent_"  # the 0.30 export's exponent initializers: f"{scope}{POW_EXPONENT}{n}"
+OBS_ENTITY = "entity"  # the kind of a rank-2 observation (spec.obs_kind)
 
 
 def entities(spec):
@@ -47,13 +49,39 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
+def _check_export(spec) -> None:
+    v = spec.attention_export
+    if v not in C.ATTENTION_EXPORTS:
+        raise SpecError(f"spec field 'attention_export' is {str(v)[:40]!r}, not one of {', '.join(C.ATTENTION_EXPORTS)}")
+    if v != C.ATTENTION_EXPORT_110 and not entities(spec):
+        raise SpecError(f"spec field 'attention_export' is {v!r} without an entity observation")
+
+
 class Attention(Block):
     name = "attention"
     stage = OBSERVE
     row_as_vector = False  # it needs the batch axis (entities are [batch, N, features])
+    obs_rank, obs_kind, obs_dims = 2, OBS_ENTITY, "[batch, entities, features]"
+    # which ML-Agents export of the attention the ONNX mirrors and the modules compute (``1.1``; ``0.30``
+    # transposes and reshapes each entity input first)
+    spec_fields = (SpecField("attention_export", 110, C.ATTENTION_EXPORT_110, check=_check_export,
+                             used=lambda v: v != C.ATTENTION_EXPORT_110),)
 
     def active(self, spec) -> bool:
         return bool(entities(spec))
+
+    def describe(self, spec):
+        v = spec.attention_export
+        return [("obs", f" (attention as ML-Agents {v} exports it)")] if v != C.ATTENTION_EXPORT_110 else []
+
+    def spec_hints(self, spec, hints) -> None:
+        if spec.attention_export == C.ATTENTION_EXPORT_030:
+            for i, shape in entities(spec):
+                hints[i] = InputHint(shape, True)
+
+    def onnx_detect(self, g, found):
+        """0.30's export: a Transpose of its last two axes reads an entity input."""
+        return {"attention_export": C.ATTENTION_EXPORT_030} if any(h.transposed for h in g.hints.values()) else {}
 
     # --- checkpoint ------------------------------------------------------------------------
     def claim(self, r: KeyRules) -> None:

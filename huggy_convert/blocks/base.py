@@ -3,11 +3,12 @@ get for a checkpoint (the ports and the flows the other hooks get, ``OnnxFlow``,
 ``ReferenceFlow``, are ``core.flow``'s). Nothing here imports torch or onnx at import time."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..core.flow import InputHint, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.spec import SpecField
 from ..errors import SpecError
 
 # Stages, in the order the computation runs them. Within a stage blocks run in registry order.
@@ -15,6 +16,16 @@ from ..errors import SpecError
 # concatenate the encodings in observation order); encode: features to features; head: actions.
 FRAME, OBSERVE, ENCODE, HEAD = "frame", "observe", "encode", "head"
 STAGES = (FRAME, OBSERVE, ENCODE, HEAD)
+
+
+class Choices(NamedTuple):
+    """What ``onnx_detect`` answers for a field its ONNX I/O does not decide: the ``values`` it can have,
+    likeliest first; ``importers.from_onnx`` takes the first whose graph is the input's, or says that
+    none of them (``what``, e.g. "encoder") gives this graph ``where`` (e.g. "for the input obs_0")."""
+
+    values: Tuple[Any, ...]
+    what: str
+    where: str
 
 
 class Block:
@@ -57,6 +68,34 @@ class Block:
         raise ``SpecError`` where the policy cannot be written back."""
 
     # --- spec ------------------------------------------------------------------------------
+    spec_fields: Tuple[SpecField, ...] = ()  # the PolicySpec fields this block declares (core.spec.SpecField)
+    spec_derived: Dict[str, Callable[[Any], Any]] = {}  # name -> the value that follows from its fields
+    obs_rank: int = 0  # OBSERVE blocks: the rank of the observations it encodes (its kind: obs_kind)
+    obs_kind: str = ""
+    obs_dims: str = ""  # OBSERVE blocks: its ONNX input's dims, in words ("[batch, width]")
+    onnx_inputs: Tuple[str, ...] = ()  # the inputs other than the observations its ports can add
+
+    def check_spec(self, spec) -> None:
+        """The rules across fields (each field's own check is its ``SpecField.check``): ``SpecError``."""
+
+    def describe(self, spec) -> List[Tuple[str, str]]:
+        """Its parts of ``PolicySpec.family``: (slot, text), slots ``trainer``, ``obs``, ``body``, ``heads``."""
+        return []
+
+    def spec_hints(self, spec, hints: Dict[int, InputHint]) -> None:
+        """What its fields say of its observation inputs, as an official ONNX would (``PolicySpec.input_hints``)."""
+
+    def onnx_detect(self, g, found: Dict[str, Any]) -> Dict[str, Any]:
+        """The spec fields an ML-Agents ONNX's I/O says of this block (``g``: ``converter.reference.OnnxView``;
+        ``found``: the fields the blocks before it in registry order said): a value, or :class:`Choices`
+        where only the graph decides. ``g.error(what)`` for what no ML-Agents export has."""
+        return {}
+
+    def onnx_stated(self, g) -> Dict[str, Any]:
+        """The fields an official ONNX states and no checkpoint tensor does (``SpecField.stated``), for the
+        key rules (``KeyRules.stated``; ``converter.reference.stated_fields``)."""
+        return {}
+
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         return 0
 
@@ -198,7 +237,7 @@ class KeyRules:
     next block needs in ``state`` (e.g. ``width``: the features the next block takes)."""
 
     def __init__(self, sd: Dict[str, Any], path=None, obs_sizes: Optional[Sequence[int]] = None,
-                 inputs: Optional[Dict[int, InputHint]] = None):
+                 inputs: Optional[Dict[int, InputHint]] = None, stated: Optional[Dict[str, Any]] = None):
         self.sd = sd
         self.keys = list(sd.keys())
         self.path = path
@@ -206,6 +245,8 @@ class KeyRules:
         # observation index -> what the official ONNX says of its input (or the spec, re-reading a
         # canonical file) that the checkpoint cannot (an entity count, 0.30's transposed entities)
         self.inputs: Dict[int, InputHint] = dict(inputs or {})
+        # spec fields the official ONNX (or the spec, re-reading a canonical file) states that no tensor does
+        self.stated: Dict[str, Any] = dict(stated or {})
         self.remaining = set(self.keys)
         self.tensors: Dict[str, np.ndarray] = {}
         self.sources: Dict[str, str] = {}

@@ -16,18 +16,54 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Bounded, Linear, add, affine, clip, exp, f64, mul, scale, stored, tanh
 from ..core.flow import CONSTANT, DETERMINISTIC, SAMPLED, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.spec import MAX_WIDTH, SpecField, check_count
+from ..errors import SpecError
 from .base import HEAD, Block, KeyRules
+
+PPO, SAC = C.TRAINER_PPO, C.TRAINER_SAC
+
+
+def _check_algorithm(spec) -> None:
+    if spec.algorithm not in (PPO, SAC):
+        raise SpecError(f"spec field 'algorithm' is {str(spec.algorithm)[:40]!r}, not {PPO!r} or {SAC!r}")
 
 
 class Continuous(Block):
     name = "continuous"
     stage = HEAD
+    # ``algorithm``: ``ppo`` (also POCA's actor: same layout) or ``sac`` (conditional log_sigma + tanh squash)
+    spec_fields = (SpecField("algorithm", 10, check=_check_algorithm),
+                   SpecField("continuous_size", 60,
+                             check=lambda s: check_count("continuous_size", s.continuous_size, 0, MAX_WIDTH)))
+    spec_derived = {"tanh_squash": lambda s: s.algorithm == SAC, "conditional_sigma": lambda s: s.algorithm == SAC}
 
     def active(self, spec) -> bool:
         return bool(spec.continuous_size)
 
+    def describe(self, spec):
+        return [("trainer", spec.algorithm.upper())] + ([("heads", f"continuous {spec.continuous_size}")]
+                                                        if spec.continuous_size else [])
+
+    def onnx_detect(self, g, found):
+        """Its width from its outputs' dims, SAC from the Tanh of the sampled action, and the features'
+        width from what its Gemm reads."""
+        cont = 0
+        for name in (C.OUT_CONT_DET, C.OUT_CONT):
+            if name in g.outputs:
+                d = g.outputs[name]
+                if len(d) != 2 or not d[1]:
+                    raise g.error(f"output {name!r} has the dims {d}, not [batch, actions]")
+                cont = cont or int(d[1])
+        sac = bool(cont) and C.OUT_CONT in g.producer and g.producer[C.OUT_CONT].op_type == "Tanh"
+        out = {"algorithm": SAC if sac else PPO, "continuous_size": cont}
+        width = g.gemm_width(C.OUT_CONT_DET)
+        if width is not None and "hidden_units" not in found:
+            out["hidden_units"] = width
+        return out
+
     def claim(self, r: KeyRules) -> None:
         cont = 0
+        r.fields["algorithm"] = PPO
         mu_w = C.MU.format(p="weight")
         if mu_w in r.sd:
             shape = r.shape(r.sd[mu_w])
@@ -39,7 +75,7 @@ class Continuous(Block):
             if C.LOG_SIGMA in r.sd:
                 r.take(C.LOG_SIGMA, C.C_LOG_SIGMA, (1, cont))
             elif C.LOG_SIGMA_LINEAR.format(p="weight") in r.sd:
-                r.fields["algorithm"] = C.TRAINER_SAC
+                r.fields["algorithm"] = SAC
                 r.linear(C.LOG_SIGMA_LINEAR, C.C_LOG_SIGMA_W, C.C_LOG_SIGMA_B, cont, width)
             else:
                 raise r.error(f"missing key '{C.LOG_SIGMA}'")

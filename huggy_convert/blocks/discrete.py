@@ -11,15 +11,37 @@ import numpy as np
 from .. import contract as C
 from ..core.bounds import Bounded, Linear, affine, f64
 from ..core.flow import CONSTANT, DETERMINISTIC, MASK, SAMPLED, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.spec import MAX_WIDTH, SpecField, as_tuple, check_counts
 from .base import HEAD, Block, KeyRules
 
 
 class Discrete(Block):
     name = "discrete"
     stage = HEAD
+    spec_fields = (SpecField("discrete_branches", 70, (), decode=as_tuple,
+                             check=lambda s: check_counts("discrete_branches", s.discrete_branches, 1, MAX_WIDTH, 0)),)
+    spec_derived = {"discrete_total": lambda s: sum(s.discrete_branches)}
+    onnx_inputs = (C.ACTION_MASKS,)
 
     def active(self, spec) -> bool:
         return bool(spec.discrete_branches)
+
+    def describe(self, spec):
+        return [("heads", "discrete " + "x".join(map(str, spec.discrete_branches)))] if spec.discrete_branches else []
+
+    def onnx_detect(self, g, found):
+        """The branches from the constant behind its shape output; the features' width from what its Gemm
+        reads (where no head before it said)."""
+        if C.OUT_DISC_SHAPE not in g.outputs and C.OUT_DISC_DET not in g.outputs:
+            return {}
+        v = g.constant(C.OUT_DISC_SHAPE) if C.OUT_DISC_SHAPE in g.outputs else None
+        if v is None or v.ndim != 2 or v.shape[0] != 1 or not np.all(np.isfinite(v)) or np.any(v != np.round(v)):
+            raise g.error(f"no constant branch sizes behind the output {C.OUT_DISC_SHAPE!r}")
+        out = {"discrete_branches": tuple(int(x) for x in v.reshape(-1))}
+        width = g.gemm_width(C.OUT_DISC_DET) if "hidden_units" not in found else None
+        if width is not None:
+            out["hidden_units"] = width
+        return out
 
     def claim(self, r: KeyRules) -> None:
         branch_idx = r.indices(C.BRANCH_RE)

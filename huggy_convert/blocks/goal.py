@@ -13,7 +13,7 @@ parameter-free (``(x - mean) / sqrt(mean((x - mean)^2) + 1e-5)``); the generated
 Which observations are the goal: the checkpoint does not record ObservationType; the hypernetwork's
 first layer takes the goal encoding's width, so the goal is the set of vector observations whose
 widths add up to it. The official ONNX, where there is one, decides (the inputs that feed its
-hypernetwork through the goal Concat, ``/network_body/Concat``: ``converter.reference.goal_obs_from_reference``),
+hypernetwork through the goal Concat, ``/network_body/Concat``: :meth:`Goal.onnx_stated`),
 cross-checked with that width; without one, a width that several sets fit is an error naming them.
 The choice is recorded in the spec (``goal_obs``)."""
 from __future__ import annotations
@@ -27,11 +27,28 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Bounded, Linear, affine, concat, f64, layer_norm, matmul, swish
 from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
+from ..core.spec import SpecField, as_tuple, check_counts
+from ..errors import SpecError
 from .base import ENCODE, Block, KeyRules
 from .body import observation_shapes, record_body
 from .normalizer import Normalizer
 
-GOAL_HYPER = C.GOAL_HYPER
+GOAL_NONE, GOAL_HYPER = C.GOAL_NONE, C.GOAL_HYPER  # goal_conditioning_type (a "none" goal is a vector like any other)
+
+
+def _check_conditioning(spec) -> None:
+    if spec.goal_conditioning not in (GOAL_NONE, GOAL_HYPER):
+        raise SpecError(f"spec field 'goal_conditioning' is {str(spec.goal_conditioning)[:40]!r}, not "
+                        f"{GOAL_NONE!r} or {GOAL_HYPER!r}")
+
+
+def _check_goal_obs(spec) -> None:
+    goal = spec.goal_obs
+    check_counts("goal_obs", goal, 0, len(spec.obs_sizes) - 1, 1 if spec.goal_conditioning == GOAL_HYPER else 0)
+    if spec.goal_conditioning == GOAL_NONE and goal:
+        raise SpecError("spec field 'goal_obs' names goal observations, but 'goal_conditioning' is 'none'")
+    if list(goal) != sorted(set(goal)) or any(len(spec.obs_shape(i)) != 1 for i in goal):
+        raise SpecError(f"spec field 'goal_obs' {list(goal)} is not increasing indices of vector observations")
 
 
 def _widths(spec):
@@ -53,9 +70,45 @@ class Goal(Block):
     name = "goal"
     stage = ENCODE
     row_as_vector = False  # the generated weight is per row: a batched matmul
+    # ``goal_conditioning``: ``hyper`` for the ConditionalEncoder, else ``none`` (``goal_obs`` empty); ``goal_obs``:
+    # the goal observations, whose encodings the hypernetwork reads (an official ONNX states them)
+    spec_fields = (SpecField("goal_conditioning", 130, GOAL_NONE, check=_check_conditioning,
+                             used=lambda v: v != GOAL_NONE),
+                   SpecField("goal_obs", 131, (), check=_check_goal_obs, used=bool, decode=as_tuple, stated=True))
 
     def active(self, spec) -> bool:
         return spec.goal_conditioning == GOAL_HYPER
+
+    def describe(self, spec):
+        if spec.goal_conditioning != GOAL_HYPER:
+            return []
+        return [("body", f" (last layer hypernetwork-generated from goal obs {','.join(map(str, spec.goal_obs))})")]
+
+    def onnx_stated(self, g):
+        """The goal observations: the inputs that feed the hypernetwork's first Gemm (through the goal Concat
+        and their normalizers), in order. The checkpoint cannot say (ObservationType is the environment's);
+        :meth:`claim` cross-checks them with the goal's width."""
+        gemm = next((n for n in g.nodes if n.op_type == "Gemm" and len(n.input) > 1
+                     and C.HYPER_GOAL_WEIGHT_RE.match(n.input[1])), None)
+        if gemm is None:
+            return {}
+        obs = {C.OBS_INPUT.format(i=i): i for i in range(len(g.graph.input))}
+        found = []
+        stack, seen = [gemm.input[0]], set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in obs:
+                found.append(obs[name])
+            elif name in g.producer:
+                stack.extend(reversed(g.producer[name].input))
+        return {"goal_obs": tuple(found)} if found else {}
+
+    def onnx_detect(self, g, found):
+        stated = self.onnx_stated(g)
+        return {"goal_conditioning": GOAL_HYPER, **stated} if stated else {}
 
     def claim(self, r: KeyRules) -> None:
         found = r.matching(C.HYPER_RE)
@@ -92,7 +145,7 @@ class Goal(Block):
 
     @staticmethod
     def _goal_obs(r: KeyRules, shapes, goal_width: int):
-        given = r.state.get("goal_obs")
+        given = r.stated.get("goal_obs")
         fits = goal_candidates(shapes, goal_width)
         if given is not None:
             given = tuple(int(i) for i in given)

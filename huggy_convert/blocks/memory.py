@@ -10,7 +10,15 @@ import numpy as np
 from .. import contract as C
 from ..core.bounds import Bounded, Linear, add, affine, concat, f64, mul, sigmoid, stored, tanh
 from ..core.flow import STATE, OnnxFlow, Port, ReferenceFlow, TorchFlow
+from ..core.spec import MAX_WIDTH, SpecField, check_count
+from ..errors import SpecError
 from .base import ENCODE, Block, KeyRules
+
+
+def _check_memory(spec) -> None:
+    check_count("memory_size", spec.memory_size, 0, MAX_WIDTH)
+    if spec.memory_size % 2:
+        raise SpecError(f"spec field 'memory_size' is {spec.memory_size}: an LSTM memory is even (cell + hidden)")
 
 
 def onnx_gates(a: np.ndarray, hs: int) -> np.ndarray:
@@ -27,9 +35,29 @@ class Memory(Block):
     name = "memory"
     stage = ENCODE
     row_as_vector = False  # the state is [batch, 1, memory_size]
+    spec_fields = (SpecField("memory_size", 80, 0, check=_check_memory),)  # 0: no LSTM
+    # the features the heads read: the LSTM's h, else the body's
+    spec_derived = {"encoding_size": lambda s: s.memory_size // 2 if s.memory_size else s.hidden_units}
+    onnx_inputs = (C.RECURRENT_IN,)
 
     def active(self, spec) -> bool:
         return bool(spec.memory_size)
+
+    def describe(self, spec):
+        return [("body", f", LSTM memory {spec.memory_size}")] if spec.memory_size else []
+
+    def onnx_detect(self, g, found):
+        """The memory from its input's dims; the body's width is what the LSTM takes (its W is [1, 4h, width])."""
+        if C.RECURRENT_IN not in g.inputs:
+            return {}
+        d = g.inputs[C.RECURRENT_IN]
+        if len(d) != 3 or d[1] != 1 or not d[2]:
+            raise g.error(f"input {C.RECURRENT_IN!r} has the dims {d}, not [batch, 1, memory]")
+        lstm = next((n for n in g.nodes if n.op_type == "LSTM"), None)
+        w = g.constant(lstm.input[1]) if lstm is not None and len(lstm.input) > 1 else None
+        if w is None or w.ndim != 3:
+            raise g.error(f"{C.RECURRENT_IN!r} is an input but no LSTM reads a weight initializer")
+        return {"memory_size": int(d[2]), "hidden_units": int(w.shape[2])}
 
     def claim(self, r: KeyRules) -> None:
         memory_size = 0

@@ -13,6 +13,7 @@ from ..core import torchcompat
 from ..core.bounds import Bounded, clip, f64, stored
 from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
 from ..core.numerics import U32, ieee_divisor
+from ..core.spec import OBS_VECTOR
 from ..errors import InputError, SpecError
 from .base import OBSERVE, Block, KeyRules
 
@@ -28,6 +29,12 @@ def mean_std(policy, i: int):
 class Normalizer(Block):
     name = "normalizer"
     stage = OBSERVE
+    obs_rank, obs_kind, obs_dims = 1, OBS_VECTOR, "[batch, width]"
+
+    def onnx_detect(self, g, found):
+        """Normalized: a Sub (its mean) reads the first vector observation."""
+        vectors = [C.OBS_INPUT.format(i=i) for i, s in enumerate(g.obs) if len(s) == 1]
+        return {"normalize": any(n.op_type == "Sub" and n.input[:1] == vectors[:1] for n in g.nodes) if vectors else False}
 
     def claim(self, r: KeyRules) -> None:
         sd = r.sd

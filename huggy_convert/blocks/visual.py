@@ -34,10 +34,12 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Bounded, Linear, add, affine, conv2d, leaky_relu, max_pool, relu, stored, swish
 from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
-from ..core.spec import OBS_VISUAL
-from .base import OBSERVE, Block, KeyRules
+from ..core.spec import SpecField
+from ..errors import SpecError
+from .base import OBSERVE, Block, Choices, KeyRules
 
 W, B = "weight", "bias"
+OBS_VISUAL = "visual"  # the kind of a rank-3 observation (spec.obs_kind)
 
 
 def cameras(spec):
@@ -125,13 +127,57 @@ def _leaky_slope() -> float:
     return float(np.float32(C.LEAKY_RELU_SLOPE))
 
 
+def _check_vis_encode_type(spec) -> None:
+    """One encoder for every camera (ML-Agents' ``network_settings.vis_encode_type``), empty without a
+    camera; each camera's height and width at least its minimum (``MIN_RESOLUTION_FOR_ENCODER``)."""
+    found, vtype = cameras(spec), spec.vis_encode_type
+    if found and vtype not in C.VIS_ENCODE_TYPES:
+        raise SpecError(f"spec field 'vis_encode_type' is {str(vtype)[:40]!r}, not one of {', '.join(C.VIS_ENCODE_TYPES)}")
+    if not found and vtype != "":
+        raise SpecError(f"spec field 'vis_encode_type' is {str(vtype)[:40]!r} without a visual observation")
+    for i, (_, h, w) in found:
+        low = C.VIS_MIN_RESOLUTION[vtype]
+        if min(h, w) < low:
+            raise SpecError(f"spec field 'obs_shapes' entry {i}: a {h}x{w} image is smaller than the "
+                            f"{vtype} encoder's minimum {low}x{low}")
+
+
+def _camera_encoders(g, i: int) -> List[str]:
+    """ML-Agents' visual encoders, the likeliest first for the node that reads camera ``i`` of an ONNX: a
+    Reshape (fully_connected), a Conv 8x8 (simple, nature_cnn), 3x3 padded (resnet) or not (match3)."""
+    first = g.first_reader(C.OBS_INPUT.format(i=i))
+    order = []
+    if first is not None and first.op_type == "Reshape":
+        order = [C.VIS_FULLY_CONNECTED]
+    elif first is not None and first.op_type == "Conv":
+        a = g.attrs(first)
+        k, pads = list(a.get("kernel_shape", [])), list(a.get("pads", [0]))
+        order = [t for t in (C.VIS_SIMPLE, C.VIS_NATURE, C.VIS_MATCH3) if [C.VIS_CONVS[t][0][1]] * 2 == k and not any(pads)]
+        order += [C.VIS_RESNET] if k == [3, 3] and any(pads) else []
+    return order + [t for t in C.VIS_ENCODE_TYPES if t not in order]
+
+
 class Visual(Block):
     name = "visual"
     stage = OBSERVE
     row_as_vector = False  # convolutions need the batch axis
+    obs_rank, obs_kind, obs_dims = 3, OBS_VISUAL, "[batch, C, H, W] (a camera)"
+    # the cameras' encoder (``simple``, ``nature_cnn``, ``resnet``, ``match3``, ``fully_connected``); "" without one
+    spec_fields = (SpecField("vis_encode_type", 120, "", check=_check_vis_encode_type, used=bool),)
 
     def active(self, spec) -> bool:
         return bool(cameras(spec))
+
+    def describe(self, spec):
+        return [("obs", f" ({spec.vis_encode_type} visual encoder)")] if spec.vis_encode_type else []
+
+    def onnx_detect(self, g, found):
+        """The encoder: the one of ML-Agents' five whose graph is the input's (the likeliest first)."""
+        idx = [i for i, s in enumerate(g.obs) if len(s) == 3]
+        if not idx:
+            return {}
+        return {"vis_encode_type": Choices(tuple(_camera_encoders(g, idx[0])), "visual encoder of ML-Agents",
+                                           f"for the camera {C.OBS_INPUT.format(i=idx[0])}")}
 
     # --- checkpoint ------------------------------------------------------------------------
     @staticmethod

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ..core.policy import Policy
 from .checkpoint import Checkpoint, load_checkpoint
@@ -20,17 +20,17 @@ class Conversion:
 
 def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] = None, official=None,
                            divisor: str = "auto", reference_name: Optional[str] = None,
-                           reference_sha256: Optional[str] = None, goal_obs: Optional[Sequence[int]] = None,
+                           reference_sha256: Optional[str] = None, stated: Optional[Dict[str, Any]] = None,
                            hints_from=None) -> Conversion:
     """The canonical policy of ``ckpt``; its divisors are IEEE, or adopted from ``official`` (the
-    official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an entity
-    observation's entity count) is read from ``official``'s inputs (or, without one, ``hints_from``'s:
-    an ML-Agents ONNX of the same run that is not the reference)."""
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes, goal_obs=goal_obs,
+    official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an observation's
+    shape) is read from ``official``'s inputs (or, without one, ``hints_from``'s: an ML-Agents ONNX of the
+    same run that is not the reference); ``stated``: the spec fields an official ONNX states
+    (:func:`reference.stated_fields`)."""
+    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes, stated=stated,
                         inputs=input_hints(official if official is not None else hints_from))
-    md = build_metadata(mapped.spec, mapped.sources, source_name=ckpt.path.name, source_sha256=ckpt.sha256,
-                        step=ckpt.global_step, ignored=mapped.ignored, original=mapped.original,
-                        exact_steps=mapped.exact_steps, recovered=ckpt.recovered)
+    md = build_metadata(mapped, source_name=ckpt.path.name, source_sha256=ckpt.sha256, step=ckpt.global_step,
+                        recovered=ckpt.recovered)
     policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
                                    reference_name, reference_sha256)
     return Conversion(policy, ckpt, mapped)

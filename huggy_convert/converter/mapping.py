@@ -7,7 +7,7 @@ names the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -31,9 +31,9 @@ class MappedPolicy:
 
 def map_policy_as(sd: Dict[str, object], spec: PolicySpec, path=None) -> MappedPolicy:
     """``map_policy`` of tensors that belong to ``spec`` (a canonical file's, or one written back), told
-    what the spec says and no tensor does: the vector observations' split, the goal observations and
-    the inputs' shapes."""
-    return map_policy(sd, path, obs_sizes=[n for _, n in spec.vector_obs], goal_obs=spec.goal_obs or None,
+    what the spec says and no tensor does: the vector observations' split, the fields an official ONNX
+    states (``PolicySpec.stated``) and the inputs' shapes."""
+    return map_policy(sd, path, obs_sizes=[n for _, n in spec.vector_obs], stated=spec.stated(),
                       inputs=spec.input_hints())
 
 
@@ -59,14 +59,14 @@ def split_shapes(obs_sizes, inputs, path=None):
 
 
 def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[int]] = None,
-               goal_obs: Optional[Sequence[int]] = None,
+               stated: Optional[Dict[str, Any]] = None,
                inputs: Optional[Dict[int, InputHint]] = None) -> MappedPolicy:
     """Infer the spec from ``sd`` (key -> torch.Tensor) and map it to canonical tensors.
 
     ``obs_sizes`` splits the observation width when the checkpoint cannot (``normalize: false``
     with several observations keeps no per-observation tensors); without it one observation
-    of the full width is assumed. ``goal_obs``: which observations a hypernetwork's goal is (the
-    official ONNX's, ``converter.reference.goal_obs_from_reference``), cross-checked with the goal's width.
+    of the full width is assumed. ``stated``: spec fields the official ONNX states and no tensor does
+    (``converter.reference.stated_fields``), which the blocks' rules take and cross-check with the tensors.
     ``inputs`` (observation index -> ``core.flow.InputHint``: the official ONNX's inputs) says what no
     tensor holds, e.g. an entity observation's maximum entity count (``converter.reference.input_hints``).
     """
@@ -75,9 +75,7 @@ def map_policy(sd: Dict[str, object], path=None, obs_sizes: Optional[Sequence[in
             if pat.search(k):
                 raise UnsupportedError(f"not supported yet: {what} (key '{k}')", path)
     obs_sizes, inputs = split_shapes(obs_sizes, inputs, path)
-    r = blocks.KeyRules(sd, path, obs_sizes, inputs)
-    if goal_obs is not None:
-        r.state["goal_obs"] = tuple(goal_obs)
+    r = blocks.KeyRules(sd, path, obs_sizes, inputs, stated)
     for b in blocks.compute_order():
         b.claim(r)
     for b in blocks.REGISTRY:

@@ -28,14 +28,18 @@ from ..core.policy import Policy
 from ..core.spec import PolicySpec
 from ..core.version import __version__
 from ..errors import HuggyError, PolicyFileError, SpecError, describe, utf8_name
-from .mapping import map_policy_as
+from .mapping import MappedPolicy, map_policy_as
 from .reference import reconcile_divisors
 
 
-def build_metadata(spec: PolicySpec, sources: Dict[str, str], *, source_name: str, source_sha256: str,
-                   step: Optional[int], ignored: Dict[str, str], original: Dict[str, dict],
-                   exact_steps: Dict[str, int], recovered: Optional[Dict[str, object]] = None) -> Dict[str, str]:
+def build_metadata(mapped: MappedPolicy, *, source_name: str, source_sha256: str, step: Optional[int],
+                   recovered: Optional[Dict[str, object]] = None) -> Dict[str, str]:
+    """The canonical file's metadata for ``mapped`` (``converter.mapping.MappedPolicy``: its spec, where each
+    tensor came from, the keys ignored, the original dtypes, the exact step counts) from ``source_name``."""
     import safetensors
+
+    spec, sources, ignored, original, exact_steps = (mapped.spec, mapped.sources, mapped.ignored, mapped.original,
+                                                     mapped.exact_steps)
 
     j = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":"))  # noqa: E731
     md = {

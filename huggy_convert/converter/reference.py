@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple
+from functools import cached_property
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import blocks
 from .. import contract as C
 from ..core.files import clip, read_input_file
 from ..core.flow import InputHint
@@ -283,28 +285,113 @@ def read_onnx(path, what: str = "ONNX model", data: Optional[bytes] = None):
     return m, data
 
 
-def goal_obs_from_reference(model) -> Optional[List[int]]:
-    """Which observations a hypernetwork's goal is, from the official ONNX: the inputs that feed the
-    hypernetwork's first Gemm (through the goal Concat and their normalizers), in order; None
-    without a reference or a hypernetwork. The checkpoint cannot say (ObservationType is the
-    environment's); ``blocks.goal`` cross-checks it with the goal's width."""
-    if model is None:
+def onnx_dims(vi) -> List[Optional[int]]:
+    """A graph input's or output's dims (None where not fixed)."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+
+
+def onnx_attrs(n) -> Dict[str, object]:
+    """A node's attributes as Python values."""
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
+NOT_ML_AGENTS = "not an ML-Agents policy graph: "
+
+
+def not_ml_agents(what: str, path=None) -> InputError:
+    return InputError(NOT_ML_AGENTS + what, path)
+
+
+class OnnxView:
+    """An ML-Agents ONNX as the blocks' ``onnx_detect`` and ``onnx_stated`` hooks read it: its ``inputs``
+    (graph inputs that are no initializer) and ``outputs`` (name -> dims), ``nodes``, ``producer`` (value
+    -> node), ``obs`` (each observation input's shape without the batch axis, where the importer read
+    them), ``hints`` (:func:`input_hints`); :meth:`constant`, :meth:`gemm_width`, :meth:`first_reader`,
+    :meth:`error` (``InputError``: not an ML-Agents policy graph)."""
+
+    def __init__(self, model, path=None, obs: Tuple[Tuple[int, ...], ...] = ()):
+        self.model, self.graph, self.path, self.obs = model, model.graph, path, tuple(obs)
+        self.nodes = list(model.graph.node)
+
+    @cached_property
+    def inits(self) -> Dict[str, Any]:
+        return {t.name: t for t in self.graph.initializer}
+
+    @cached_property
+    def inputs(self) -> Dict[str, List[Optional[int]]]:
+        return {i.name: onnx_dims(i) for i in self.graph.input if i.name not in self.inits}
+
+    @cached_property
+    def outputs(self) -> Dict[str, List[Optional[int]]]:
+        return {o.name: onnx_dims(o) for o in self.graph.output}
+
+    @cached_property
+    def producer(self) -> Dict[str, Any]:
+        return {o: n for n in self.nodes for o in n.output}
+
+    @cached_property
+    def alias(self) -> Dict[str, str]:
+        return {n.output[0]: n.input[0] for n in self.nodes if n.op_type == "Identity" and len(n.input) == 1}
+
+    @cached_property
+    def hints(self) -> Dict[int, InputHint]:
+        return input_hints(self.model)
+
+    def error(self, what: str) -> InputError:
+        return not_ml_agents(what, self.path)
+
+    @staticmethod
+    def attrs(n) -> Dict[str, object]:
+        return onnx_attrs(n)
+
+    def first_reader(self, name: str):
+        """The first node that reads ``name`` (None if none does)."""
+        return next((n for n in self.nodes if name in n.input), None)
+
+    def constant(self, out: str) -> Optional[np.ndarray]:
+        """The constant behind ``out``: an initializer or a Constant node, through up to 4 Identity nodes
+        (an output's, then torch 2.x's dedup Identity); None if it is computed."""
+        from onnx import numpy_helper
+
+        alias = self.alias
+        name = out
+        for _ in range(4):
+            if name in self.inits:
+                return numpy_helper.to_array(self.inits[name])
+            n = self.producer.get(name)
+            if n is not None and n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                return numpy_helper.to_array(n.attribute[0].t)
+            name = alias.get(name)
+            if name is None:
+                return None
         return None
-    gemm = next((n for n in model.graph.node if n.op_type == "Gemm" and len(n.input) > 1
-                 and C.HYPER_GOAL_WEIGHT_RE.match(n.input[1])), None)
-    if gemm is None:
+
+    def gemm_width(self, out: str) -> Optional[int]:
+        """The width the Gemm nearest behind ``out`` reads (walking back along first inputs; a head's
+        Linear), or None."""
+        name = out
+        for _ in range(16):
+            n = self.producer.get(name)
+            if n is None or not n.input:
+                return None
+            if n.op_type == "Gemm":
+                w = self.constant(n.input[1])
+                if w is None or w.ndim != 2:
+                    return None
+                return int(w.shape[1] if self.attrs(n).get("transB", 0) == 1 else w.shape[0])
+            name = n.input[0]
         return None
-    producer = {o: n for n in model.graph.node for o in n.output}
-    obs = {C.OBS_INPUT.format(i=i): i for i in range(len(model.graph.input))}
-    found: List[int] = []
-    stack, seen = [gemm.input[0]], set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in obs:
-            found.append(obs[name])
-        elif name in producer:
-            stack.extend(reversed(producer[name].input))
-    return found or None
+
+
+def stated_fields(official) -> Dict[str, Any]:
+    """What the official ONNX states that no checkpoint tensor does (``SpecField.stated``: e.g. which
+    observations a block reads in a way no tensor records), each block reading its own
+    (``Block.onnx_stated``); empty without one. The key rules cross-check it with the tensors."""
+    if official is None:
+        return {}
+    view, out = OnnxView(official), {}
+    for b in blocks.REGISTRY:
+        out.update(b.onnx_stated(view))
+    return out

@@ -1,7 +1,8 @@
 """The floor every stage stands on; it imports only ``contract`` and ``errors``.
 
-- :mod:`.spec`: ``PolicySpec`` (what an actor is; its ports, parameter count and encoding width come
-  from the block registry, which binds itself to it: ``spec.bind_architecture``)
+- :mod:`.spec`: ``PolicySpec`` (what an actor is: the fields every actor has here, each block's own
+  declared by the block as ``SpecField``s; its ports, parameter count and encoding width come from the
+  block registry, which binds itself to it: ``spec.bind_architecture``)
 - :mod:`.policy`: ``Policy`` (a spec and its canonical float32 tensors)
 - :mod:`.flow`: the port and flow types (``Port``, ``IOSignature``, ``InputHint``, ``OnnxFlow``,
   ``TorchFlow``, ``ReferenceFlow``) the blocks' hooks and the stages share
