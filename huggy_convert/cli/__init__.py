@@ -23,6 +23,8 @@ def main():
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert downloads/ out/            every run below, e.g. Hub clones -> out/<repo>/<Behavior>-<step>.*
     huggy-convert verify out/                re-check the artifacts in out/
+    huggy-convert X.pt out/ -q  (or -v)      the verdict line only (or everything: the tree, the ATC command)
+    huggy-convert COMMAND --json             one JSON object: {"schema": "huggy-convert/COMMAND/1", "ok", "exit_code", ...}
 
     Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug),
     4 verify: passed, but checks its conversion ran could not be run again (a source moved or changed),

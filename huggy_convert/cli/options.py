@@ -8,6 +8,7 @@ from typing import Optional
 import click
 
 from .. import contract as C
+from ..console import step
 from ..errors import InputError, as_error
 from ..modes.sources import DTYPES
 from ..verify import VerifyOptions, parse_overrides
@@ -73,12 +74,13 @@ class Command(click.Command):
     def invoke(self, ctx):
         as_json = bool(ctx.params.get("as_json"))
         name = ctx.command.name
+        step(f"running {name}")  # a terminal: the step under way (a command may name a finer one)
         try:
             result = super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C: one line, and not exit 1 (a verdict)
-            render.interrupted()
+            render.interrupted(as_json, name)
         except Exception as e:  # noqa: BLE001 - the one place foreign failures become typed errors
             subject = ctx.params.get(self.subject) if self.subject else None
             render.fail(as_error(e, subject), as_json, name)

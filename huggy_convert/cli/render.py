@@ -44,13 +44,15 @@ def fail(err: HuggyError, as_json: bool = False, command: str = "") -> None:
     """The one way a command ends on an error: one line on stderr (and ``--json``'s envelope with
     ``error``), its exit code."""
     click.echo(error_line(err), err=True)
-    if as_json:
-        json_error(command, err.one_line(), err.exit_code)
+    if as_json and command:
+        emit_json(command, err.exit_code, {"error": err.one_line()})
     sys.exit(err.exit_code)
 
 
-def interrupted() -> None:
+def interrupted(as_json: bool = False, command: str = "") -> None:
     click.echo(error_line("interrupted"), err=True)
+    if as_json and command:
+        emit_json(command, EXIT_INTERRUPTED, {"error": "interrupted"})
     sys.exit(EXIT_INTERRUPTED)
 
 
