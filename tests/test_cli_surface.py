@@ -293,6 +293,13 @@ def test_export_writes_an_onnx_input_at_another_opset_as_its_help_says(tmp_path)
     assert onnx.load(str(tmp_path / "x.onnx")).opset_import[0].version == 13
 
 
+def test_quiet_and_verbose_before_the_command_name_are_the_command_s(huggy_outputs):
+    _, base, _ = huggy_outputs
+    r = CliRunner().invoke(main, ["-q", "verify", str(base / "default")])
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("verdict: PASS, "), r.output
+    assert CliRunner().invoke(main, ["-v", "info", str(SMALL)]).stderr.startswith("huggy-convert: error: No such option")
+
+
 def test_verbose_is_an_option_not_a_suggestion(tmp_path):
     for cmd in (["convert", str(SMALL), str(tmp_path / "o")], ["verify", str(tmp_path / "o")]):
         r = CliRunner().invoke(main, cmd + ["--help"])

@@ -112,7 +112,7 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
 
 
 @click.command("to-checkpoint", cls=Command, subject="policy",
-               short_help="Write a .safetensors policy as ML-Agents' checkpoint.pt.")
+               short_help=f"Write a .safetensors policy as ML-Agents' {C.CHECKPOINT_FILE}.")
 @click.argument("policy", type=click.Path(path_type=Path), metavar="POLICY.safetensors")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--global-step", type=GLOBAL_STEP, default=None,

@@ -28,6 +28,7 @@ LAZY = {
 }
 # names a command had before: the one line says where it went
 RENAMED = {"batch": "renamed 'batch-sizes'; a run directory converts as 'huggy-convert RUN_DIR OUT/'"}
+VERBOSITY = ("-q", "--quiet", "-v", "--verbose")  # taken before a command name too (huggy-convert -v verify OUT/)
 JSON_SCHEMA_VERSION = 1  # the version in every --json envelope's "schema" (huggy-convert/<command>/<version>)
 
 
@@ -95,6 +96,9 @@ class DefaultGroup(click.Group):
         elif words and words[0].startswith("-") and words[0] not in ("--help", "-h", "--version") \
                 and first is not None and first not in LAZY and os.path.lexists(first):
             words = [self.default_command] + words  # huggy-convert -v X.pt OUT/
+        elif first in LAZY and words.index(first) and all(w in VERBOSITY for w in words[:words.index(first)]):
+            i = words.index(first)  # huggy-convert -v verify OUT/: the command's own -q/-v
+            words = [first] + words[:i] + words[i + 1:]
         try:
             return super().parse_args(ctx, words)
         except click.UsageError as exc:

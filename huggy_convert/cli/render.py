@@ -146,8 +146,9 @@ def conversion(res, source, out, as_json: bool, how: int = NORMAL) -> None:
         official = f" and its official ONNX {Path(ref).name if beside else ref}"
     click.echo(f"read {source} (step {at}){official}")
     click.echo(f"  {s['spec']['family']}, {s['spec']['parameters']:,} parameters")
-    if s.get("recovered_from"):
-        click.echo(f"  {describe_recovered(s['recovered_from'])}")
+    if s.get("recovered_from"):  # what an ONNX alone leaves out: with -v (and in the report)
+        said = describe_recovered(s["recovered_from"])
+        click.echo(f"  {said if how == VERBOSE else said.split('; ')[0]}")
     if how == VERBOSE:
         if s.get("divisor"):
             click.echo(f"  divisor: {s['divisor']}")
