@@ -157,12 +157,18 @@ def test_verify_is_concise_too(huggy_outputs):
 
 
 def test_a_batch_without_a_terminal_prints_progress_at_a_steady_interval(tmp_path, monkeypatch):
-    monkeypatch.setattr(render, "PROGRESS_INTERVAL", 0.05)
+    """Every 10 s by default (``render.PROGRESS_INTERVAL``; the tests' conftest turns them off through
+    ``HUGGY_CONVERT_PROGRESS_INTERVAL=0``, here 0.05 s); -q: none."""
+    assert render.PROGRESS_INTERVAL == 10.0
+    monkeypatch.setenv(render.PROGRESS_ENV, "0.05")
     r = CliRunner().invoke(main, [str(SMALL_RUN), str(tmp_path / "o"), "--jobs", "1", "--no-program"])
     assert r.exit_code == 0, r.output
     ticks = [x for x in r.stderr.splitlines() if x.startswith("huggy-convert: converting ")]
     assert ticks and all(re.fullmatch(r"huggy-convert: converting \d+ checkpoints: \d+/\d+ done, \d+ s", x)
                          for x in ticks), r.stderr
+    r = CliRunner().invoke(main, [str(SMALL_RUN), str(tmp_path / "q"), "--jobs", "1", "--no-program", "-q"])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert len(r.stdout.splitlines()) == 1 and " 1 converted, 0 skipped, 0 failed, " in r.stdout, r.stdout
 
 
 def test_a_terminal_sees_the_step_within_a_second(tmp_path):

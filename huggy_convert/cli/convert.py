@@ -52,9 +52,10 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
     if source.is_dir():
-        with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and sys.stdout.isatty()) as p:
+        with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and not quiet and sys.stdout.isatty(),
+                             ticks=not quiet) as p:
             res = run_batch(source, out, opts, jobs=jobs or None, force=force, events=p)
-        return show_verdict(lambda: render.batch(res, as_json), res.exit_code)
+        return show_verdict(lambda: render.batch(res, as_json, render.level(quiet, verbose)), res.exit_code)
     step(f"converting {source} -> {out}/")
     res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
     return show_verdict(lambda: render.conversion(res, source, out, as_json, render.level(quiet, verbose)),
@@ -95,7 +96,8 @@ def verify_cmd(out, reference, checkpoint, as_json, jobs, profile, require_compl
     Exit codes: 0 every check passed and every recorded check was run; 1 a check failed (or,
     with --require-complete, a check was not run); 2 bad input; 3 internal error; 4 every check run
     passed, but some recorded checks could not be run (partial PASS)."""
-    with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty(), least=2) as p:
+    with render.Progress("verifying {} policies", sys.stderr, bar=sys.stderr.isatty() and not quiet, least=2,
+                         ticks=not quiet) as p:
         recs, workers = verify_out(out, reference=reference, checkpoint=checkpoint,
                                    options=verify_options(atol, rtol, cosine, devices, dtypes), jobs=jobs or None,
                                    profile=profile, render=not as_json, require_complete=require_complete, events=p)

@@ -5,6 +5,7 @@ are shown, and ``console.show_verdict`` keeps a failure while printing from chan
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -23,6 +24,15 @@ from .group import envelope
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2  # how much a command prints (-q, the default, -v)
 PROGRESS_INTERVAL = 10.0  # seconds between a batch's progress lines where stderr is not a terminal
+PROGRESS_ENV = "HUGGY_CONVERT_PROGRESS_INTERVAL"  # another interval in seconds; 0: no progress lines
+
+
+def progress_interval() -> float:
+    """The seconds between a batch's progress lines without a terminal (``PROGRESS_ENV``, else 10)."""
+    try:
+        return max(0.0, float(os.environ.get(PROGRESS_ENV, PROGRESS_INTERVAL)))
+    except ValueError:
+        return PROGRESS_INTERVAL
 
 
 def level(quiet: bool, verbose: bool) -> int:
@@ -196,11 +206,12 @@ class Progress:
     as they come: each warning, a line on stderr per checkpoint that failed (and per run-root ONNX that
     matches none), and a progress bar (``label`` formatted with the count) where ``bar`` says, for at
     least ``least`` items; where stderr is not a terminal (CI, a log), a line on stderr every
-    ``PROGRESS_INTERVAL`` seconds (``label``, done/total, elapsed), from the first ``START`` to the end.
-    Closed (``with``) after the run, before its result is shown."""
+    ``progress_interval()`` seconds (``label``, done/total, elapsed), from ``START`` to the end, unless
+    ``ticks`` is off (-q). Closed (``with``) after the run, before its result is shown."""
 
-    def __init__(self, label: str, file, bar: bool, least: int = 1):
+    def __init__(self, label: str, file, bar: bool, least: int = 1, ticks: bool = True):
         self.label, self.file, self.bar, self.least = label, file, bar, least
+        self.interval = progress_interval() if ticks else 0.0
         self._ctx = self._bar = None
         self.total, self.done, self.t0 = 0, 0, time.monotonic()
         self._stop = threading.Event()
@@ -214,7 +225,7 @@ class Progress:
             if self.bar and data >= self.least:
                 self._ctx = click.progressbar(length=data, label=self.label.format(data), file=self.file)
                 self._bar = self._ctx.__enter__()
-            elif not sys.stderr.isatty() and data >= self.least and self._ticker is None:
+            elif self.interval and not sys.stderr.isatty() and data >= self.least and self._ticker is None:
                 self._ticker = threading.Thread(target=self._tick, daemon=True, name="huggy-progress")
                 self._ticker.start()
         elif kind == DEPLOYED and data["status"] in DEPLOYED_FAILING:
@@ -231,7 +242,7 @@ class Progress:
                 self._bar.update(1)
 
     def _tick(self) -> None:
-        while not self._stop.wait(PROGRESS_INTERVAL):
+        while not self._stop.wait(self.interval):
             click.echo(f"huggy-convert: {self.label.format(self.total)}: {self.done}/{self.total} done, "
                        f"{time.monotonic() - self.t0:.0f} s", err=True)
 
@@ -247,8 +258,8 @@ class Progress:
         return False
 
 
-def batch(res, as_json: bool) -> None:
-    """A run directory's summary (``batch.run.BatchResult``)."""
+def batch(res, as_json: bool, how: int = NORMAL) -> None:
+    """A run directory's summary (``batch.run.BatchResult``); -q: its first line (the counts) only."""
     s, out = res.summary, res.out
     if as_json:
         emit_json("convert", res.exit_code, dict(s, manifest=str(res.manifest)))
@@ -257,6 +268,8 @@ def batch(res, as_json: bool) -> None:
     runs = f" in {res.runs} runs" if several else ""
     click.echo(f"{res.source} -> {out}/: {s['checkpoints']} checkpoints{runs} ({res.found_by}): {s['converted']} "
                f"converted, {s['skipped']} skipped, {s['failed']} failed, {s['same_as']} same as another")
+    if how == QUIET:
+        return
     for rec in s["runs"] if several else []:
         best = f", best reward {rec['best_reward']:.4g} at step {rec['best_step']}" \
             if rec["best_reward"] is not None else ""
