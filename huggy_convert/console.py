@@ -89,6 +89,8 @@ class ConsoleStream:
             return self._stream.write(text)
         if self.lost is not None:
             return len(text)
+        if _STEP["shown"] and text:
+            step_clear()
         if self._encode:
             text = printable(text, self._encode)
         try:
@@ -154,6 +156,7 @@ def guard() -> Iterator[None]:
     try:
         yield
     finally:
+        step_clear()
         for cs in wrapped:
             cs.flush()
         lost = [cs for cs in wrapped if cs.lost is not None and cs.lost.errno not in (errno.EPIPE, errno.ECONNRESET)]
@@ -163,6 +166,37 @@ def guard() -> Iterator[None]:
                 err.write(f"huggy-convert: warning: {cs._name}: output lost: {os.strerror(cs.lost.errno or 0)}\n")
                 err.flush()
         sys.stdout, sys.stderr = saved
+
+
+# the step line a terminal shows while a longer step runs (``step``): its stream, and whether it is shown
+_STEP = {"shown": False, "stream": None}
+ERASE = "\r\033[K"  # back to the line's start, the line erased
+
+
+def step(text: str) -> None:
+    """On a terminal (stderr a tty), one transient line on stderr naming the step that runs now
+    (``huggy-convert: converting X.pt ...``), replaced by the next step and erased by the next output
+    on either stream; without a terminal, nothing (a log gets the result, not the steps)."""
+    err = sys.stderr
+    if not _isatty(err):
+        return
+    raw = err._stream if isinstance(err, ConsoleStream) else err
+    step_clear()
+    try:
+        raw.write(printable(f"huggy-convert: {text} ...", getattr(raw, "encoding", None)))
+        raw.flush()
+    except (OSError, ValueError):
+        return
+    _STEP["shown"], _STEP["stream"] = True, raw
+
+
+def step_clear() -> None:
+    """Erase the step line a terminal shows, if any."""
+    raw, _STEP["shown"], _STEP["stream"] = _STEP["stream"], False, None
+    if raw is not None:
+        with contextlib.suppress(OSError, ValueError):
+            raw.write(ERASE)
+            raw.flush()
 
 
 def show_verdict(show, code: int) -> int:

@@ -187,6 +187,12 @@ def variant_ckpt(name: str) -> Path:
     return step_checkpoints(VARIANTS / name)[-1]
 
 
+# a batch without a terminal prints a progress line every 10 s on stderr (cli.render.progress_interval):
+# off in the tests, whose stderr assertions would otherwise depend on the machine's speed
+# (tests/test_cli_surface.py turns them on again)
+os.environ.setdefault("HUGGY_CONVERT_PROGRESS_INTERVAL", "0")
+
+
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """Run the real console entry point in a subprocess; returns CompletedProcess."""
     e = dict(os.environ)

@@ -521,7 +521,7 @@ def test_verify_dir_with_jobs_gives_the_verdicts_of_jobs_1_and_a_worker_catches_
     for jobs in ("1", "2"):
         code, stdout, stderr = batch("verify", out, "--jobs", jobs, "--json")
         assert code == 0, stderr
-        reports[jobs] = json.loads(stdout)
+        reports[jobs] = json.loads(stdout)["policies"]  # one envelope, the reports under "policies"
     strip = lambda r: (r["subject"], r["verdict"], [(c["id"], c["status"]) for c in r["checks"]])  # noqa: E731
     assert [strip(r) for r in reports["1"]] == [strip(r) for r in reports["2"]] and len(reports["1"]) == 2
     # one line per policy and a count; the batch profile recorded for the older one

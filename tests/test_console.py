@@ -34,7 +34,7 @@ COMMANDS = {
     "convert": [[str(SMALL), "one", "--no-program"],  # one checkpoint: the tree
                 [RUN, RUN_OUT, "--jobs", "1", "--no-program"],  # a run directory
                 [str(SMALL_ONNX), "fromonnx", "--no-program"]],  # an ONNX alone
-    "verify": [["verify", "one"]],
+    "verify": [["verify", "one", "-v"]],  # -v: the tree, its marks the console may not encode
     "to-checkpoint": [["to-checkpoint", "fromonnx/Small-4157.safetensors", "ckpt"]],
     "info": [["info", RUN]],
     "act": [["act", str(SMALL)]],
@@ -139,9 +139,13 @@ def consoles(tmp_path_factory):
 
 
 def test_the_table_has_every_command():
+    import click
+
     from huggy_convert.cli import main
 
-    assert set(main.commands) == set(COMMANDS), set(main.commands) ^ set(COMMANDS)
+    with click.Context(main) as ctx:
+        names = set(main.list_commands(ctx))
+    assert names == set(COMMANDS), names ^ set(COMMANDS)
 
 
 @pytest.mark.slow
@@ -199,8 +203,8 @@ def test_fallbacks_are_ascii_and_only_where_needed():
 
 def test_a_display_that_fails_after_the_files_are_written_is_not_the_exit_code(tmp_path, monkeypatch):
     """The files are written and the verdict decided before anything is printed: a display that then
-    fails (a renderer's bug, the ONNX the ATC advice reads gone) is one warning line, and the exit code
-    is the verdict the written .verify.json records."""
+    fails (a renderer's bug, the ONNX the ATC advice reads gone: -v prints that advice) is one warning
+    line, and the exit code is the verdict the written .verify.json records."""
     from click.testing import CliRunner
 
     from huggy_convert.cli import main
@@ -210,8 +214,33 @@ def test_a_display_that_fails_after_the_files_are_written_is_not_the_exit_code(t
         raise RuntimeError("the display broke")
 
     monkeypatch.setattr(ConvertResult, "atc", broken)
-    r = CliRunner().invoke(main, [str(SMALL), str(tmp_path / "out"), "--no-program"])
+    r = CliRunner().invoke(main, [str(SMALL), str(tmp_path / "out"), "--no-program", "-v"])
     assert r.exit_code == 0, r.stderr[-2000:]
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "warning" in lines[0] and "the display broke" in lines[0], lines
     assert json.loads((tmp_path / "out" / f"{SMALL.stem}.verify.json").read_text())["ok"]
+
+
+def test_a_step_line_shows_on_a_terminal_only_and_the_next_output_erases_it(monkeypatch):
+    import io
+
+    from huggy_convert import console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    for tty in (True, False):
+        err, out = (Tty() if tty else io.StringIO()), io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        monkeypatch.setattr(sys, "stdout", out)
+        with console.guard():
+            console.step("converting X.pt")
+            print("verdict: PASS")
+            console.step("left on the line at the end")
+        if tty:
+            assert err.getvalue() == ("huggy-convert: converting X.pt ..." + console.ERASE
+                                      + "huggy-convert: left on the line at the end ..." + console.ERASE)
+        else:
+            assert err.getvalue() == ""
+        assert out.getvalue() == "verdict: PASS\n"

@@ -145,7 +145,7 @@ def test_ambiguous_goal_is_named_not_guessed():
 def test_cli_converts_and_passes(ckpt, opset, tmp_path):
     """End to end (the other opset of each is the same path: hyper at 9 and none at 13 pass too,
     measured; the opset-9 graphs and every opset's outputs are proven above and in test_exporters)."""
-    r = run_cli(ckpt, tmp_path / "out", "--opset", opset)
+    r = run_cli(ckpt, tmp_path / "out", "--opset", opset, "-v")  # -v: the tree
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     assert "verdict: PASS" in r.stdout
     assert "bitwise=128/128" in r.stdout  # the official outputs, reproduced (golden and probes)

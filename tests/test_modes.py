@@ -325,7 +325,7 @@ def test_fingerprint_matches_verify_and_expect(huggy_policy, tmp_path):
     assert "first 8+ hex digits" in one_line_error(cli("fingerprint", HUGGY, "--expect", "abc", code=2), "--expect")
     assert cli_json("fingerprint", HUGGY, "--seed", "1")["fingerprints"]["64"]["sha256"] != want
     # the tree of a conversion prints the same prefix
-    res = cli(HUGGY, tmp_path, "--no-program", "--verify-dtype", "float32")
+    res = cli(HUGGY, tmp_path, "--no-program", "--verify-dtype", "float32", "-v")  # -v: the tree
     assert f"5 determinism fingerprints: 64: {want[:12]}" in res.stdout
 
 

@@ -108,7 +108,7 @@ def test_verify_with_reference_and_checkpoint_json(out):
     """The sources named: checks 1-2 run on them; a full PASS, exit 0."""
     r = invoke("verify", out, "--reference", HUGGY.with_suffix(".onnx"), "--checkpoint", HUGGY, "--json")
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.stdout)
+    rep, = json.loads(r.stdout)["policies"]
     assert rep["ok"] and rep["verdict"] == "PASS" and rep["complete"] and rep["not_run"] == []
     c1, c2 = rep["checks"][:2]
     assert c1["status"] == "pass" and "tensors bitwise equal to their checkpoint keys" in c1["summary"]
@@ -199,7 +199,7 @@ def test_per_output_tolerance_override_applies(out):
 
 def test_checkpoint_without_official_onnx_says_so(tmp_path):
     ck = HUGGY_RUN / "Huggy" / "checkpoint.pt"
-    r = run_cli(ck, tmp_path, "--no-program", "--verify-dtype", "float32")
+    r = run_cli(ck, tmp_path, "--no-program", "--verify-dtype", "float32", "-v")  # -v: the notes and the tree
     assert r.returncode == 0, r.stderr
     assert "no official ONNX found beside checkpoint.pt" in r.stdout
     assert "- 2 rebuilt ONNX vs official: no official ONNX" in r.stdout
@@ -260,11 +260,11 @@ def test_golden_from_another_host_is_judged_by_the_derived_bound(alone):
     _rewrite_golden(g, other)
     r = invoke("verify", out, "--verify-dtype", "float32", "--json")
     assert r.exit_code == 4, r.output
-    rep = json.loads(r.stdout)
+    rep, = json.loads(r.stdout)["policies"]
     assert any("written on another host (Intel(R) Xeon(R) Platinum 8481C" in n for n in rep["notes"]), rep["notes"]
     # 2 ulps off on every unclipped element (what another CPU's kernels could give): within the bound
     _rewrite_golden(g, nudge=2)
-    r = invoke("verify", out, "--verify-dtype", "float32")
+    r = invoke("verify", out, "--verify-dtype", "float32", "-v")
     assert r.exit_code == 4, r.output
     assert "not bitwise (golden written on another host)" in r.stdout and "within the derived bound" in r.stdout
     # the same difference from this host's own golden file is a failure: bitwise is expected there
@@ -286,11 +286,11 @@ def test_divisor_ieee_mode_passes_within_the_bound_and_auto_is_bitwise(tmp_path)
     outputs judged by the bound; auto adopts the official's: bitwise. The decision is recorded
     in the ONNX metadata, the report and the safetensors."""
     ieee, auto = tmp_path / "ieee", tmp_path / "auto"
-    r = run_cli(HUGGY, ieee, "--divisor", "ieee", "--no-program", "--verify-dtype", "float32")
+    r = run_cli(HUGGY, ieee, "--divisor", "ieee", "--no-program", "--verify-dtype", "float32", "-v")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rebuilt keeps IEEE (--divisor ieee)" in r.stdout
     assert "not bitwise (the divisors differ by 1 ulp: --divisor ieee)" in r.stdout and "within the derived bound" in r.stdout
-    r = run_cli(HUGGY, auto, "--no-program", "--verify-dtype", "float32")
+    r = run_cli(HUGGY, auto, "--no-program", "--verify-dtype", "float32", "-v")
     assert r.returncode == 0 and "adopted, bitwise equal" in r.stdout, r.stdout
     for d, source in ((ieee, "ieee"), (auto, "official")):
         m = onnx.load(str(d / f"{STEM}.onnx"))
@@ -398,7 +398,7 @@ def test_verify_dir_catches_a_bit_flipped_in_each_written_file(out, kind):
     assert r.exit_code == 1, r.output
     # check 6 names the file (the report's first failure may be check 1: since issue 23 it runs again on
     # the checkpoint the report records, which is still there, and catches a flipped .safetensors first)
-    files = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "files")
+    files = next(c for c in json.loads(r.stdout)["policies"][0]["checks"] if c["id"] == "files")
     assert any(k["status"] == "fail" and k["title"] == path.name for k in files["checks"]), files
 
 
@@ -446,7 +446,7 @@ def test_the_check_at_the_end_of_a_conversion_reads_the_files_back(tmp_path, mon
 def test_verify_dir_regenerates_the_onnx_and_the_program_from_the_policy(out):
     r = invoke("verify", out, "--verify-dtype", "float32", "--json")
     assert r.exit_code == 0, r.output
-    files = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "files")
+    files = next(c for c in json.loads(r.stdout)["policies"][0]["checks"] if c["id"] == "files")
     titles = {c["title"]: c["status"] for c in files["checks"]}
     # (the golden file too since issue 23: every file the report records must be there, unchanged)
     assert titles == {f"{STEM}.{k}": "pass" for k in ("safetensors", "onnx", "pt2", "golden.npz")} | {

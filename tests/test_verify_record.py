@@ -54,7 +54,11 @@ def tree(converted, tmp_path):
 
 
 def _report(r):
-    return json.loads(r.stdout)
+    """``verify --json``'s envelope: the one report (one set) or the list of them (several)."""
+    env = json.loads(r.stdout)
+    assert env["schema"] == "huggy-convert/verify/1" and env["exit_code"] == r.exit_code and env["errors"] == []
+    reps = env["policies"]
+    return reps[0] if len(reps) == 1 else reps
 
 
 def _reverified_record(out):
@@ -91,9 +95,9 @@ def test_a_moved_checkpoint_gives_a_labelled_partial_pass(tree, tmp_path):
     src, out = tree
     moved = tmp_path / "elsewhere.pt"
     (src / SMALL.name).rename(moved)
-    r = invoke("verify", out, *FAST)
+    r = invoke("verify", out, *FAST, "-v")  # -v: the tree
     assert r.exit_code == EXIT_INCOMPLETE == 4, r.output
-    assert "verdict: PASS (check 1 not run: checkpoint not found)" in r.stdout
+    assert "\nverdict: PASS (check 1 not run: checkpoint not found), 5/6 checks passed, 1 not run, " in r.stdout
     assert "- 1 safetensors vs checkpoint: not run: checkpoint not found (recorded at " in r.stdout
     assert "✓ 2 rebuilt ONNX vs official" in r.stdout  # the official ONNX is still there: check 2 ran
     assert "verification incomplete" in r.stderr and "check 1 not run: checkpoint not found" in r.stderr
@@ -105,22 +109,23 @@ def test_a_moved_checkpoint_gives_a_labelled_partial_pass(tree, tmp_path):
     assert SMALL.name in rep["not_run"][0]["detail"]
     r = invoke("verify", out, *FAST, "--require-complete")
     assert r.exit_code == 1, r.output
-    assert "verdict: FAIL (check 1 not run: checkpoint not found; --require-complete)" in r.stdout
+    assert "\nverdict: FAIL (check 1 not run: checkpoint not found; --require-complete), 5/6 checks passed, 1 not run, " \
+           "first failure: incomplete (check 1 not run: checkpoint not found) and --require-complete" in r.stdout
     assert "verification failed" in r.stderr
     # the report rewritten by these runs still records the sources: named, check 1 is complete again
     r = invoke("verify", out, *FAST, "--checkpoint", moved)
-    assert r.exit_code == 0 and "verdict: PASS\n" in r.stdout, r.output
+    assert r.exit_code == 0 and "\nverdict: PASS, 6/6 checks passed, " in r.stdout, r.output
     moved.rename(src / SMALL.name)
     r = invoke("verify", out, *FAST, "--require-complete")
-    assert r.exit_code == 0 and "verdict: PASS\n" in r.stdout, r.output
+    assert r.exit_code == 0 and "\nverdict: PASS, 6/6 checks passed, " in r.stdout, r.output
 
 
 def test_both_sources_gone_names_checks_1_and_2(tree):
     src, out = tree
     shutil.rmtree(src)
-    r = invoke("verify", out, *FAST)
+    r = invoke("verify", out, *FAST, "-v")  # -v: the tree
     assert r.exit_code == 4, r.output
-    assert "verdict: PASS (checks 1-2 not run: checkpoint not found, official ONNX not found)" in r.stdout
+    assert "verdict: PASS (checks 1-2 not run: checkpoint not found, official ONNX not found), 4/6 checks passed, 2 not run, " in r.stdout
     assert "golden" in r.stdout  # check 3 against the golden file written at conversion
 
 

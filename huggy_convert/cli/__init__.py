@@ -1,4 +1,5 @@
-"""The command line: a thin layer over the stages. ``options`` (the command class, its one guard, the
+"""The command line: a thin layer over the stages. ``group`` (the group: commands loaded on first use, an
+unknown command named at once, the JSON envelope), ``options`` (the command class, its one guard, the
 option groups), ``render`` (text and JSON, an error as one line), the commands in ``convert`` (convert,
 verify, to-checkpoint) and ``modes``."""
 from __future__ import annotations
@@ -7,30 +8,8 @@ import gc
 
 import click
 
-from ..console import guard
 from ..core.version import __version__
-from . import convert, modes
-
-
-class DefaultGroup(click.Group):
-    """``huggy-convert SOURCE OUT`` is ``huggy-convert convert SOURCE OUT``."""
-
-    default_command = "convert"
-
-    def main(self, *args, **kwargs):
-        """Every command's output through ``console.guard``: a character the console cannot encode is
-        written as its ASCII fallback or escaped, a failed write drops the rest; the exit code stays
-        the command's (its verdict), whatever the console."""
-        with guard():
-            return super().main(*args, **kwargs)
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
-            args = [self.default_command] + list(args)
-        return super().parse_args(ctx, args)
-
-    def format_usage(self, ctx, formatter):
-        formatter.write_usage("huggy-convert", "CHECKPOINT|ONNX|RUN_DIR OUT/ [OPTIONS]  |  huggy-convert COMMAND [ARGS]...")
+from .group import DefaultGroup
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,15 +23,13 @@ def main():
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert downloads/ out/            every run below, e.g. Hub clones -> out/<repo>/<Behavior>-<step>.*
     huggy-convert verify out/                re-check the artifacts in out/
+    huggy-convert X.pt out/ -q  (or -v)      the verdict line only (or everything: the tree, the ATC command)
+    huggy-convert COMMAND --json             one JSON object: {"schema": "huggy-convert/COMMAND/1", "ok", "exit_code", ...}
 
     Exit codes: 0 success, 1 a verification failed, 2 bad input, output or usage, 3 internal error (a bug),
     4 verify: passed, but checks its conversion ran could not be run again (a source moved or changed),
     130 interrupted.
     """
-
-
-for _cmd in convert.COMMANDS + modes.COMMANDS:
-    main.add_command(_cmd)
 
 
 def entry() -> None:  # console script

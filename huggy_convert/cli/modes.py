@@ -25,11 +25,13 @@ from ..modes.matrix import list_cases, run_matrix
 from ..modes.precision import precision
 from ..modes.sources import DTYPES, load_source
 from ..modes.stats import rollout
-from .options import (DEVICE_HELP, MAX_ROWS, OPSET, ROWS, SOURCE_HELP, STEPS, Command, device_opt, devices_opt,
+from .options import (DEVICE_HELP, ITERS, MAX_ROWS, OPSET, OPSET_HELP, REPEATS, ROWS, ROWS_RANGE, SOURCE_HELP, STEPS,
+                      STEPS_RANGE, THREADS, WARMUP, Command, device_opt, devices_opt, range_text,
                       dtype_opt, json_opt, obs_opt, options, rows_opt, runtime_opt, seed_opt, source_arg)
 
 
-@click.command("info", cls=Command)
+@click.command("info", cls=Command,
+               short_help="Show a policy's spec, parameter counts and environment.")
 @source_arg
 @click.option("--device", default="auto", show_default=True, metavar="DEV", help=DEVICE_HELP)
 @dtype_opt
@@ -44,7 +46,8 @@ def info_cmd(source, device, dtype, as_json):
 CONSUMER_NAMES = list(_CONSUMERS)
 
 
-@click.command("check", cls=Command, subject="onnx")
+@click.command("check", cls=Command, subject="onnx",
+               short_help="Say which consumers (Unity, Barracuda, Sentis, Ascend) load an ONNX, and why not.")
 @click.argument("onnx", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.onnx")
 @click.option("--for", "consumers", multiple=True, metavar="CONSUMER", type=click.Choice(CONSUMER_NAMES),
               help="a consumer to check for (repeatable; default: every one): " + ", ".join(CONSUMER_NAMES))
@@ -58,7 +61,8 @@ def check_cmd(onnx, consumers, as_json):
     return check(onnx, consumers)
 
 
-@click.command("act", cls=Command)
+@click.command("act", cls=Command,
+               short_help="Print deterministic actions for given observations.")
 @source_arg
 @options(obs_opt, rows_opt, seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
@@ -66,7 +70,8 @@ def act_cmd(source, obs, rows, seed, device, dtype, runtime, as_json):
     return act(load_source(source), device, dtype, runtime, obs, rows, seed)
 
 
-@click.command("sample", cls=Command)
+@click.command("sample", cls=Command,
+               short_help="Print seeded stochastic actions, the same on every device.")
 @source_arg
 @options(obs_opt, rows_opt)
 @click.option("--seed", default=0, show_default=True, type=int, help="noise seed (drawn on the CPU: the same on every device)")
@@ -78,10 +83,12 @@ def sample_cmd(source, obs, rows, seed, obs_seed, device, dtype, runtime, as_jso
     return sample(load_source(source), device, dtype, runtime, obs, rows, seed, obs_seed)
 
 
-@click.command("batch-sizes", cls=Command)
+@click.command("batch-sizes", cls=Command,
+               short_help="Time batch sizes and check that rows do not depend on them.")
 @source_arg
-@click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help="comma-separated batch sizes")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 1 << 16), help="timed runs per size (median)")
+@click.option("--sizes", default="16,32,64,128,256,512", show_default=True, help=f"comma-separated batch sizes, each {ROWS_RANGE}")
+@click.option("--repeats", default=5, show_default=True, type=REPEATS,
+              help=f"timed runs per size (median), {range_text(REPEATS)}")
 @options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_json):
     """Batch sizes 16..512 (not to be confused with converting a run directory, 'huggy-convert RUN_DIR
@@ -93,16 +100,17 @@ def batch_sizes_cmd(source, sizes, repeats, seed, device, dtype, runtime, as_jso
     except ValueError:
         raise InputError(f"--sizes {sizes[:40]!r} is not a comma-separated list of integers") from None
     if any(not 1 <= n <= MAX_ROWS for n in ns):
-        raise InputError(f"--sizes {sizes[:40]!r}: each batch size is 1..{MAX_ROWS}")
+        raise InputError(f"--sizes {sizes[:40]!r}: each batch size is {ROWS_RANGE}")
     return batch_sizes(load_source(source), device, dtype, runtime, ns, seed, repeats)
 
 
-@click.command("precision", cls=Command)
+@click.command("precision", cls=Command,
+               short_help="Compare float32, float16 and bfloat16 on each device.")
 @source_arg
 @devices_opt
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="repeatable (default: float32, float16, bfloat16)")
-@click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows")
+@click.option("--rows", default=64, show_default=True, type=ROWS, help=f"probe rows, {ROWS_RANGE}")
 @options(seed_opt, runtime_opt, json_opt)
 def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     """float32 / float16 / bfloat16 on each device against the CPU float32 reference (cosine,
@@ -111,9 +119,10 @@ def precision_cmd(source, devices, dtypes, rows, seed, runtime, as_json):
     return precision(load_source(source), list(devices) or None, list(dtypes) or DTYPES, rows, seed, runtime)
 
 
-@click.command("onnx-compare", cls=Command)
+@click.command("onnx-compare", cls=Command,
+               short_help="Compare ONNX files with the ONNX rebuilt from the policy.")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="SOURCE [ONNX]...")
-@click.option("--rows", multiple=True, type=ROWS, help="probe batch sizes, repeatable (default 64)")
+@click.option("--rows", multiple=True, type=ROWS, help=f"probe batch sizes, {ROWS_RANGE}, repeatable (default 64)")
 @click.option("--bitwise", is_flag=True, help="require bitwise equality on every float output (default: verify's rule, bitwise except "
               "where the divisors differ by 1 ulp by request: then the derived float32 bound)")
 @click.option("--device", default="cpu", show_default=True, metavar="DEV", help="onnxruntime device (cpu, cuda EP)")
@@ -129,9 +138,10 @@ def onnx_compare_cmd(inputs, rows, bitwise, device, dtype, seed, as_json):
     return onnx_compare_paths(inputs, rows=list(rows) or [64], seed=seed, device=device, bitwise=bitwise)
 
 
-@click.command("fingerprint", cls=Command)
+@click.command("fingerprint", cls=Command,
+               short_help="Hash seeded action sequences (verify's check 5).")
 @source_arg
-@click.option("--steps", multiple=True, type=STEPS, help="sequence lengths, repeatable (default 64 and 128)")
+@click.option("--steps", multiple=True, type=STEPS, help=f"sequence lengths, {STEPS_RANGE}, repeatable (default 64 and 128)")
 @click.option("--expect", multiple=True, metavar="SHA256", help="expected fingerprint(s), in --steps order, or "
               "their first 8+ hex digits as the verify tree prints them; exit 1 on a mismatch")
 @options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
@@ -142,10 +152,11 @@ def fingerprint_cmd(source, steps, expect, seed, device, dtype, runtime, as_json
     return fingerprint(load_source(source), device, dtype, runtime, list(steps) or FINGERPRINT_STEPS, seed, list(expect))
 
 
-@click.command("stats", cls=Command)
+@click.command("stats", cls=Command,
+               short_help="Roll a policy out in a closed loop; summarise its actions.")
 @source_arg
-@click.option("--steps", default=256, show_default=True, type=STEPS, help="rollout length")
-@click.option("--rows", default=8, show_default=True, type=ROWS, help="parallel rollouts")
+@click.option("--steps", default=256, show_default=True, type=STEPS, help=f"rollout length, {STEPS_RANGE}")
+@click.option("--rows", default=8, show_default=True, type=ROWS, help=f"parallel rollouts, {ROWS_RANGE}")
 @click.option("--stochastic", is_flag=True, help="sampled actions (noise seed = seed + 1 + t) instead of deterministic")
 @options(seed_opt, device_opt, dtype_opt, runtime_opt, json_opt)
 def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_json):
@@ -167,16 +178,18 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
     return rollout(load_source(source), device, dtype, runtime, steps, rows, seed, stochastic)
 
 
-@click.command("benchmark", cls=Command)
+@click.command("benchmark", cls=Command,
+               short_help="Measure load time, latency and RAM use per device, runtime.")
 @source_arg
 @devices_opt
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(("torch", "onnxruntime")),
               help="repeatable (default: both)")
-@click.option("--batch", "batches", multiple=True, type=ROWS, help="batch sizes, repeatable (default 1 and 64)")
-@click.option("--warmup", default=10, show_default=True, type=click.IntRange(0, 1 << 20))
-@click.option("--iters", default=100, show_default=True, type=click.IntRange(1, 1 << 20))
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 256),
-              help="intra-op threads of torch and onnxruntime alike")
+@click.option("--batch", "batches", multiple=True, type=ROWS,
+              help=f"batch sizes, {ROWS_RANGE}, repeatable (default 1 and 64)")
+@click.option("--warmup", default=10, show_default=True, type=WARMUP, help=f"untimed runs first, {range_text(WARMUP)}")
+@click.option("--iters", default=100, show_default=True, type=ITERS, help=f"timed runs, {range_text(ITERS)}")
+@click.option("--threads", default=1, show_default=True, type=THREADS,
+              help=f"intra-op threads of torch and onnxruntime alike, {range_text(THREADS)}")
 @options(dtype_opt, seed_opt, json_opt)
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
@@ -185,24 +198,28 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
                      Timing(dtype, warmup, iters, seed, threads))
 
 
-@click.command("export", cls=Command)
+@click.command("export", cls=Command,
+               short_help="Write an ONNX at another opset and verify it.")
 @source_arg
-@click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=C.opset_story())
+@click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=OPSET_HELP)
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
-@click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows for the reference check")
+@click.option("--rows", default=64, show_default=True, type=ROWS,
+              help=f"probe rows for the reference check, {ROWS_RANGE}")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
 @options(seed_opt, device_opt, dtype_opt, json_opt)
 def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
     """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
-    and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
-    opset can be written: a different one needs the canonical tensors (exit 2)."""
+    and 3, else against the opset-9 rebuild (bitwise in onnxruntime). An ONNX input is read back into its
+    policy first, so any opset of --opset can be written from it too; only an ONNX whose tensors could
+    not be recovered is written at its own opset alone (another: exit 2)."""
     return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference))
 
 
-@click.command("matrix", cls=Command)
+@click.command("matrix", cls=Command,
+               short_help="Run the numbered test matrix on a checkpoint or run dir.")
 @click.argument("source", required=False, type=click.Path(path_type=Path), metavar="[CKPT|RUN_DIR]")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("huggy-matrix"), show_default=True,
               help="folder for matrix.log, matrix.json and the files the cases write")

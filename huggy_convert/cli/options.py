@@ -8,6 +8,7 @@ from typing import Optional
 import click
 
 from .. import contract as C
+from ..console import step
 from ..errors import InputError, as_error
 from ..modes.sources import DTYPES
 from ..verify import VerifyOptions, parse_overrides
@@ -18,6 +19,22 @@ ROWS = click.IntRange(1, MAX_ROWS)
 STEPS = click.IntRange(1, 1 << 20)
 JOBS = click.IntRange(0, 256)
 OPSET = click.IntRange(C.ONNX_OPSETS[0], C.ONNX_OPSETS[-1])
+REPEATS = click.IntRange(1, 1 << 16)
+WARMUP = click.IntRange(0, 1 << 20)
+ITERS = click.IntRange(1, 1 << 20)
+THREADS = click.IntRange(1, 256)
+GLOBAL_STEP = click.IntRange(0, 2 ** 63 - 1)
+
+
+def range_text(t: click.IntRange) -> str:
+    """An integer option's accepted range as its help states it: ``9..15`` (``2^63-1`` for int64's top).
+    tests/test_cli_surface.py reads it back from every help and compares it with the option's type."""
+    hi = "2^63-1" if t.max == 2 ** 63 - 1 else str(t.max)
+    return f"{t.min}..{hi}"
+
+
+JOBS_RANGE, ROWS_RANGE, STEPS_RANGE = range_text(JOBS), range_text(ROWS), range_text(STEPS)
+OPSET_HELP = (f"ONNX opset written, {range_text(OPSET)}; where runtimes take an ONNX: {C.opset_story()}")
 
 
 class OneLineUsageError(click.UsageError):
@@ -25,6 +42,14 @@ class OneLineUsageError(click.UsageError):
 
     def show(self, file=None) -> None:
         render.usage_error(self.format_message())
+
+
+class JsonUsageError(OneLineUsageError):
+    """The same, for a command given ``--json``: its envelope on stdout too (``ok`` false, exit code 2)."""
+
+    def show(self, file=None) -> None:
+        super().show(file)
+        render.json_error(self.ctx.command.name if self.ctx else "", self.format_message(), self.exit_code)
 
 
 class Command(click.Command):
@@ -39,23 +64,27 @@ class Command(click.Command):
         self.subject = subject
 
     def parse_args(self, ctx, args):
+        as_json = "--json" in args  # before click's parser consumes the list
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            raise OneLineUsageError(exc.format_message(), ctx) from None
+            cls = JsonUsageError if as_json and "as_json" in {p.name for p in self.params} else OneLineUsageError
+            raise cls(exc.format_message(), ctx) from None
 
     def invoke(self, ctx):
         as_json = bool(ctx.params.get("as_json"))
+        name = ctx.command.name
+        step(f"running {name}")  # a terminal: the step under way (a command may name a finer one)
         try:
             result = super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C: one line, and not exit 1 (a verdict)
-            render.interrupted()
+            render.interrupted(as_json, name)
         except Exception as e:  # noqa: BLE001 - the one place foreign failures become typed errors
             subject = ctx.params.get(self.subject) if self.subject else None
-            render.fail(as_error(e, subject), as_json)
-        sys.exit(render.outcome(result, as_json))
+            render.fail(as_error(e, subject), as_json, name)
+        sys.exit(render.outcome(result, as_json, name))
 
 
 def parse_obs_sizes(text: str):
@@ -67,7 +96,7 @@ def parse_obs_sizes(text: str):
         except ValueError:
             raise InputError(f"--obs-sizes '{text}' is not a comma-separated list of widths or CxHxW shapes") from None
         if len(dims) not in (1, 3) or min(dims) < 1:
-            raise InputError(f"--obs-sizes '{text}': '{part}' is neither a width nor a CxHxW camera shape")
+            raise InputError(f"--obs-sizes '{text}': '{part}' is neither a width nor a CxHxW shape")
         out.append(dims[0] if len(dims) == 1 else dims)
     return out
 
@@ -115,11 +144,19 @@ dtype_opt = click.option("--dtype", default="float32", show_default=True, type=c
 runtime_opt = click.option("--runtime", default="auto", show_default=True, type=click.Choice(RUNTIMES),
                            help="auto: torch eager for .pt/.safetensors, onnxruntime for .onnx; onnxruntime on a "
                                 "policy runs the ONNX rebuilt from it")
-json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout: one JSON "
+                        "object, its schema huggy-convert/<command>/1 (huggy_convert/schemas/<command>.json)")
+# how much a command prints: -q the verdict only, -v everything (the full tree, the Ascend ATC advice)
+verbosity_opts = options(
+    click.option("--quiet", "-q", "quiet", is_flag=True, help="print the verdict line only"),
+    click.option("--verbose", "-v", "verbose", is_flag=True,
+                 help="print everything: the full verification tree, the notes and the Ascend ATC advice"),
+)
 seed_opt = click.option("--seed", default=0, show_default=True, type=int, help="seed of the generated inputs")
 obs_opt = click.option("--obs", default="random", show_default=True, metavar="random|zeros|probes|FILE",
                        help="random: seeded, at the normalizer's scale; zeros; probes: verify's probes; or a file: "
                             ".npy (rows x obs width), .npz / .json object by input name ("
-                            f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, {C.ACTION_MASKS}, {C.RECURRENT_IN}), "
+                            f"{C.OBS_INPUT.format(i=0)}, {C.OBS_INPUT.format(i=1)}, ...: the inputs 'info' lists), "
                             ".json list of rows")
-rows_opt = click.option("--rows", default=1, show_default=True, type=ROWS, help="rows of generated observations")
+rows_opt = click.option("--rows", default=1, show_default=True, type=ROWS,
+                        help=f"rows of generated observations, {ROWS_RANGE}")
