@@ -47,6 +47,8 @@ COMMANDS = {
     "benchmark": [["benchmark", str(SMALL), "--warmup", "0", "--iters", "1", "--batch", "1"]],
     "export": [["export", str(SMALL), "-o", "x.onnx", "--rows", "4"]],
     "matrix": [["matrix", str(SMALL), "--out", "m", "--only", "1.2"]],
+    "check": [["check", str(SMALL_ONNX)],  # the table's marks, which a cp1252 console cannot encode
+              ["check", str(SMALL_ONNX.parents[3] / "dynamo" / "Hybrid-4191.onnx")]],  # exit 1, the findings
 }
 # what legitimately differs between two runs on the same console, dropped from the files compared: the
 # timings (seconds, latencies) and the reports' sha256 (a report records where its sources were)

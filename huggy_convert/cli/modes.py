@@ -47,7 +47,7 @@ CONSUMER_NAMES = list(_CONSUMERS)
 
 
 @click.command("check", cls=Command, subject="onnx",
-               short_help="Say which consumers (Unity, Barracuda, Sentis, Ascend) load an ONNX, and why not.")
+               short_help="Say which Unity and Ascend runtimes load an ONNX, and why.")
 @click.argument("onnx", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.onnx")
 @click.option("--for", "consumers", multiple=True, metavar="CONSUMER", type=click.Choice(CONSUMER_NAMES),
               help="a consumer to check for (repeatable; default: every one): " + ", ".join(CONSUMER_NAMES))
