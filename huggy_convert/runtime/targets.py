@@ -1,0 +1,196 @@
+"""The deploy targets' runtimes (issue 27), each a :class:`Runner` over the files its exporter wrote
+(``exporters.targets.TARGET_EXPORTERS``: ``{suffix: bytes}``), on the CPU, in float32, on ``threads`` threads:
+
+- :class:`OpenVinoRunner`: ``openvino.Core().compile_model(model, "CPU", {INFERENCE_PRECISION_HINT: "f32", ...})``
+  (the CPU plugin runs bf16 on CPUs with AMX / AVX512-BF16 otherwise; ``dtype`` reports the precision the
+  compiled model says it runs in);
+- :class:`LiteRtRunner`: ai-edge-litert's ``Interpreter`` (its XNNPACK delegate, float32), a batch-1 model
+  run row by row;
+- :class:`ExecuTorchRunner`: ``executorch.runtime.Runtime``'s ``forward`` method of the ``.pte``.
+
+``infer(feed)`` returns the outputs by the policy's names (float outputs as float32): OpenVINO every output
+of the ONNX it was converted from (the constants and the sampled actions too, like ``OrtRunner``), LiteRT and
+ExecuTorch the torch module's (``spec.deterministic_output_names()``); ``sample`` is not offered (the targets are verified on their deterministic outputs, like a
+deployed policy's mean action): it raises ``UnsupportedError``."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import contract as C
+from ..contract import targets as T
+from ..core.policy import Policy
+from ..errors import UnsupportedError
+from ..exporters.targets import TARGET_EXPORTERS, require
+from .base import Feed, RunnerBase
+from .threads import VERIFY_THREADS
+
+
+def _float32(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.astype(np.float32) if a.dtype.kind == "f" and a.dtype != np.float32 else a
+
+
+class _TargetRunner(RunnerBase):
+    device = "cpu"
+    dtype = "float32"
+
+    def __init__(self, spec):
+        self.spec = spec
+        sig = spec.io_signature()
+        self.input_names: List[str] = sig.input_names()
+        self.output_names: List[str] = list(spec.deterministic_output_names())  # the torch module's outputs
+        self._batched = {p.name: bool(p.dims) and p.dims[0] == C.BATCH_DIM for p in sig.outputs}
+        self._dtypes = {p.name: p.dtype for p in sig.outputs}
+
+    def _named(self, outs: List[np.ndarray]) -> Feed:
+        """Positional outputs (the module's order) by name, each in its port's dtype."""
+        return {n: _float32(o).astype(self._dtypes[n], copy=False) for n, o in zip(self.output_names, outs)}
+
+    def sample(self, feed: Feed, seed: Optional[int] = None, noise: Optional[np.ndarray] = None) -> Feed:
+        raise UnsupportedError(f"the {self.runtime} target is verified on its deterministic outputs: sampling "
+                               "is not offered (sample with the .pt2 or the ONNX)")
+
+
+class OpenVinoRunner(_TargetRunner):
+    """An OpenVINO IR (``{".xml": graph, ".bin": weights}``) compiled for the CPU in f32."""
+
+    runtime = T.OPENVINO
+
+    def __init__(self, files: Dict[str, bytes], spec, threads: int = VERIFY_THREADS):
+        require(T.OPENVINO)
+        import openvino as ov
+
+        super().__init__(spec)
+        t0 = time.perf_counter()
+        core = ov.Core()
+        weights = ov.Tensor(np.frombuffer(files[T.OPENVINO_BIN], np.uint8).copy())
+        model = core.read_model(model=files[T.OPENVINO_XML].decode("utf-8"), weights=weights)
+        config = {T.OV_PRECISION_HINT: T.OV_PRECISION_F32, T.OV_THREADS: int(threads), T.OV_NUM_STREAMS: 1}
+        self.compiled = core.compile_model(model, T.OV_DEVICE_CPU, config)
+        self.precision = str(self.compiled.get_property(T.OV_PRECISION_HINT))
+        self.dtype = "float32" if ("f32" in self.precision.lower() or "float32" in self.precision.lower()) \
+            else self.precision
+        self._request = self.compiled.create_infer_request()
+        self._inputs = [i.get_any_name() for i in self.compiled.inputs]
+        self._outputs = [o.get_any_name() for o in self.compiled.outputs]
+        self.build_seconds = time.perf_counter() - t0
+
+    def infer(self, feed: Feed) -> Feed:
+        res = self._request.infer({n: np.ascontiguousarray(feed[n]) for n in self._inputs})
+        return {n: _float32(res[o]).astype(self._dtypes.get(n, res[o].dtype), copy=False)
+                for n, o in zip(self._outputs, self.compiled.outputs)}
+
+
+class LiteRtRunner(_TargetRunner):
+    """A ``.tflite`` in ai-edge-litert's interpreter; a model of batch 1 runs a feed row by row."""
+
+    runtime = T.LITERT
+
+    def __init__(self, data: bytes, spec, threads: int = VERIFY_THREADS):
+        require(T.LITERT)
+        from ai_edge_litert.interpreter import Interpreter
+
+        super().__init__(spec)
+        t0 = time.perf_counter()
+        self.data = bytes(data)
+        self.interpreter = Interpreter(model_content=self.data, num_threads=int(threads))
+        self.interpreter.allocate_tensors()
+        self._in = sorted(self.interpreter.get_input_details(), key=lambda d: d["index"])
+        self._out = self._output_order()
+        self.rows = int(self._in[0]["shape"][0]) if len(self._in[0]["shape"]) else 1
+        self.build_seconds = time.perf_counter() - t0
+
+    def _output_order(self):
+        """The output details in the module's output order (litert-torch names them output_0, output_1, ...)."""
+        runner = self.interpreter.get_signature_runner()
+        outs = self.interpreter.get_signature_list()[T.LITERT_SIGNATURE]["outputs"] if \
+            T.LITERT_SIGNATURE in self.interpreter.get_signature_list() else None
+        del runner
+        details = {d["name"]: d for d in self.interpreter.get_output_details()}
+        if outs:
+            sig = self.interpreter._get_full_signature_list()[T.LITERT_SIGNATURE]["outputs"]
+            by_index = {d["index"]: d for d in details.values()}
+            order = sorted(outs, key=lambda s: int(s.rsplit("_", 1)[-1]) if s.rsplit("_", 1)[-1].isdigit() else 0)
+            return [by_index[sig[s]] for s in order]
+        return sorted(details.values(), key=lambda d: d["index"])
+
+    def _run(self, xs: List[np.ndarray]) -> List[np.ndarray]:
+        it = self.interpreter
+        for d, x in zip(self._in, xs):
+            it.set_tensor(d["index"], np.ascontiguousarray(x, dtype=d["dtype"]))
+        it.invoke()
+        return [it.get_tensor(d["index"]).copy() for d in self._out]
+
+    def infer(self, feed: Feed) -> Feed:
+        xs = [np.asarray(feed[n]) for n in self.input_names]
+        n = xs[0].shape[0]
+        if n == self.rows:
+            return self._named(self._run(xs))
+        if self.rows != 1:
+            raise UnsupportedError(f"this .tflite takes {self.rows} rows at a time, not {n}")
+        outs = [self._run([x[i:i + 1] for x in xs]) for i in range(n)]
+        cols = []
+        for k, name in enumerate(self.output_names[:len(outs[0])]):
+            cols.append(np.concatenate([o[k] for o in outs]) if self._batched[name] else outs[0][k])
+        return self._named(cols)
+
+
+_EXECUTORCH_LOADED: List[bool] = []  # a program was loaded: the threadpool may no longer be reset
+
+
+def _executorch_threads(n: int) -> int:
+    """ExecuTorch's (XNNPACK's) threadpool at ``n`` threads, where no program was loaded yet in this process
+    (resetting it under a loaded method crashes the process); the count it runs."""
+    from executorch.extension.pybindings.portable_lib import _threadpool_get_thread_count, _unsafe_reset_threadpool
+
+    if _threadpool_get_thread_count() != n and not _EXECUTORCH_LOADED:
+        _unsafe_reset_threadpool(n)
+    return int(_threadpool_get_thread_count())
+
+
+class ExecuTorchRunner(_TargetRunner):
+    """A ``.pte`` program's ``forward`` in ExecuTorch's runtime (XNNPACK delegate, float32)."""
+
+    runtime = T.EXECUTORCH
+
+    def __init__(self, data: bytes, spec, threads: int = VERIFY_THREADS):
+        require(T.EXECUTORCH)
+        from executorch.runtime import Runtime
+
+        super().__init__(spec)
+        t0 = time.perf_counter()
+        self.data = bytes(data)
+        self.threads = _executorch_threads(int(threads))
+        if self.threads != int(threads):
+            self.note = f"ExecuTorch's threadpool already runs {self.threads} threads in this process"
+        self.program = Runtime.get().load_program(self.data)
+        self.method = self.program.load_method(T.EXECUTORCH_METHOD)
+        _EXECUTORCH_LOADED.append(True)
+        self.build_seconds = time.perf_counter() - t0
+
+    def infer(self, feed: Feed) -> Feed:
+        import torch
+
+        xs = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in self.input_names]
+        outs = self.method.execute(xs)
+        return self._named([o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for o in outs])
+
+
+RUNNERS = {T.OPENVINO: OpenVinoRunner, T.LITERT: LiteRtRunner, T.EXECUTORCH: ExecuTorchRunner}
+
+
+def target_runner(target: str, files: Dict[str, bytes], spec, threads: int = VERIFY_THREADS):
+    """The runner of ``target`` over the files its exporter wrote (``{suffix: bytes}``)."""
+    if target == T.OPENVINO:
+        return OpenVinoRunner(files, spec, threads)
+    (data,) = files.values()
+    return RUNNERS[target](data, spec, threads)
+
+
+def build_target(target: str, policy: Policy, threads: int = VERIFY_THREADS):
+    """Export ``policy`` for ``target`` and its runner: (files, runner)."""
+    files = TARGET_EXPORTERS[target](policy)
+    return files, target_runner(target, files, policy.spec, threads)
