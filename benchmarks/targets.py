@@ -108,7 +108,11 @@ def measure(name, pt, onnx_path, targets, probes_rows, seed, iters):
             res[t] = {"status": "error", "line": f"{type(exc).__name__}: {str(exc)[:400]}"}
             continue
         convert_s = time.perf_counter() - t0
-        a, b = runner.infer(probes), runner.infer(probes)
+        try:
+            a, b = runner.infer(probes), runner.infer(probes)
+        except Exception as exc:  # noqa: BLE001 - a runtime's crash, recorded as is
+            res[t] = {"status": "error", "line": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            continue
         bitwise = all(a[n].tobytes() == b[n].tobytes() for n in a if n not in STOCHASTIC)
         res[t] = {"status": "ok", "convert_s": convert_s, "bytes": {k: len(v) for k, v in files.items()},
                   "dtype": runner.dtype, "bitwise_repeat": bitwise, "figures": summary(judged(ref, a, names)),
@@ -130,6 +134,34 @@ def row(r, t):
             f"| {d['latency_b1_us']:.0f} | {r['onnxruntime']['latency_b1_us']:.0f} |")
 
 
+def merged_table(paths):
+    """One Markdown table from several ``--json`` files (one per target's environment): a row per fixture,
+    per target its worst max |error| / float32 bound (argmax outputs: equal of count), bitwise, b1 latency."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    targets = [t for d in docs for t in d["results"][0] if t not in ("fixture", "onnxruntime")]
+    by = {}
+    for d in docs:
+        for r in d["results"]:
+            by.setdefault(r["fixture"], {}).update(r)
+    head = "| fixture | " + " | ".join(f"{t}: error/bound, repeat, b1 us" for t in targets) + " | onnxruntime b1 us |"
+    lines = [head, "|---" * (len(targets) + 2) + "|"]
+    for name, r in by.items():
+        cells = []
+        for t in targets:
+            d = r.get(t, {})
+            if d.get("status") != "ok":
+                cells.append(f"{d.get('status', '-')}: {d.get('line', '')}")
+                continue
+            f = d["figures"]
+            parts = [f"{f['ratio']:.3f}"] if f["worst"] else []
+            parts += [f"argmax {a['equal']}/{a['count']}" for a in f["argmax"].values()]
+            ok = "" if f["ok"] else "FAIL "
+            cells.append(f"{ok}{', '.join(parts)}; {'bitwise' if d['bitwise_repeat'] else 'DIFFERS'}; "
+                         f"{d['latency_b1_us']:.0f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['onnxruntime']['latency_b1_us']:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="openvino,litert,executorch")
@@ -138,7 +170,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--table", nargs="+", type=Path, default=None,
+                    help="print one Markdown table from these --json files (one per environment) and exit")
     a = ap.parse_args(argv)
+    if a.table:
+        print(merged_table(a.table))
+        return 0
     from huggy_convert.runtime import torch_threads
 
     fx = fixtures()

@@ -117,9 +117,9 @@ def _stable_names(model) -> None:
 
 def openvino_files(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, writer=None) -> Dict[str, bytes]:
     """The IR (``.xml`` graph, ``.bin`` float32 weights) that ``openvino.save_model`` writes for the policy."""
+    model = openvino_model(policy, opset)
     import openvino as ov
 
-    model = openvino_model(policy, opset)
     with tempfile.TemporaryDirectory(prefix="huggy-ov-") as tmp:
         xml = os.path.join(tmp, "model" + T.OPENVINO_XML)
         ov.save_model(model, xml, compress_to_fp16=T.OV_COMPRESS_TO_FP16)
@@ -152,45 +152,70 @@ def litert_bytes(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, writer=None)
 # --- ExecuTorch ----------------------------------------------------------------------------------------
 
 def executorch_bytes(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, writer=None) -> bytes:
-    """The ``.pte`` program: the policy's ``torch.export`` program lowered to XNNPACK."""
+    """The ``.pte`` program: the policy's ``torch.export`` program lowered to XNNPACK, with a batch dimension
+    of 1 to ``EXECUTORCH_MAX_BATCH``; where ExecuTorch's edge lowering specializes that dimension (it does
+    for the recurrent cell: every tensor planned at the traced batch), a program of batch 1 instead, which
+    :class:`runtime.targets.ExecuTorchRunner` runs row by row."""
     require(T.EXECUTORCH)
     _refuse_known(T.EXECUTORCH, policy, opset)
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     module = build_module(policy)
-    batch = torch.export.Dim("batch", min=1, max=EXECUTORCH_MAX_BATCH)
-    ins = example_inputs(policy.spec, 2)
     try:
-        with torch.no_grad():
-            ep = torch.export.export(module, ins, dynamic_shapes=(tuple({0: batch} for _ in ins),))
-        for node in ep.graph.nodes:
-            node.meta.pop("stack_trace", None)
-        _addmm_as_linear(ep)
-        prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
-        return bytes(prog.buffer)
+        edge = _executorch_edge(module, policy.spec, dynamic=True)
+        if not _batch_is_symbolic(edge.exported_program()):
+            edge = _executorch_edge(module, policy.spec, dynamic=False)
+        return bytes(edge.to_executorch().buffer)
     except Exception as exc:
         raise refusal(T.EXECUTORCH, exc) from exc
 
 
+def _executorch_edge(module, spec, dynamic: bool):
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ins = example_inputs(spec, 2 if dynamic else 1)
+    batch = torch.export.Dim("batch", min=1, max=EXECUTORCH_MAX_BATCH)
+    with torch.no_grad():
+        ep = torch.export.export(module, ins, dynamic_shapes=(tuple({0: batch} for _ in ins),) if dynamic else None)
+    for node in ep.graph.nodes:
+        node.meta.pop("stack_trace", None)
+    _addmm_as_linear(ep)
+    return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+
+
+def _batch_is_symbolic(ep) -> bool:
+    """Whether the lowered program's every output kept the symbolic batch dimension (the edge lowering of
+    some graphs keeps it on the inputs and specializes every tensor after them to the traced batch)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    vals = [a.meta.get("val") for a in out.args[0] if hasattr(a, "meta")]
+    return bool(vals) and all(v is not None and len(v.shape) and not is_concrete_int(v.shape[0]) for v in vals)
+
+
 def _addmm_as_linear(ep) -> int:
-    """``addmm(b, x, t(W))`` (the module's dense layers) as ``linear(x, W, b)``, the same product: XNNPACK's
-    partitioner takes a GEMM whose weight is a parameter, not a transpose node, and the portable kernels
-    it would leave the ``addmm`` to are ~20x slower. Returns how many it rewrote."""
+    """``addmm(b, x, t(W))`` and ``matmul(x, t(W))`` (the module's dense layers) as ``linear(x, W[, b])``, the
+    same products: XNNPACK's partitioner takes a GEMM whose weight is a parameter, not a transpose node (the
+    portable kernels it leaves an ``addmm`` to are ~20x slower), and its ``matmul`` of a transpose loses the
+    dynamic batch (a static intermediate: any batch but the traced one fails). Returns how many it rewrote."""
     import torch
 
     aten = torch.ops.aten
     g = ep.graph
     n_done = 0
     for node in list(g.nodes):
-        if node.op != "call_function" or node.target != aten.addmm.default or node.kwargs:
+        if node.op != "call_function" or node.kwargs:
             continue
-        bias, x, wt = node.args[:3]
-        if len(node.args) > 3 or getattr(wt, "target", None) != aten.t.default:
+        if node.target == aten.addmm.default and len(node.args) == 3:
+            bias, x, wt = node.args
+        elif node.target == aten.matmul.default and len(node.args) == 2:
+            (x, wt), bias = node.args, None
+        else:
+            continue
+        if getattr(wt, "target", None) != aten.t.default:
             continue
         with g.inserting_before(node):
-            lin = g.call_function(aten.linear.default, (x, wt.args[0], bias))
+            lin = g.call_function(aten.linear.default, (x, wt.args[0]) + ((bias,) if bias is not None else ()))
         lin.meta.update(node.meta)
         node.replace_all_uses_with(lin)
         g.erase_node(node)

@@ -54,6 +54,18 @@ class _TargetRunner(RunnerBase):
                                "is not offered (sample with the .pt2 or the ONNX)")
 
 
+def _position(name: str) -> int:
+    """``args_3`` / ``output_3`` -> 3 (litert-torch's positional names)."""
+    tail = name.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _port_name(port, names) -> str:
+    """The one of ``port``'s tensor names that is a policy input (OpenVINO merges names onto a tensor)."""
+    ours = sorted(port.get_names() & names)
+    return ours[0] if ours else port.get_any_name()
+
+
 class OpenVinoRunner(_TargetRunner):
     """An OpenVINO IR (``{".xml": graph, ".bin": weights}``) compiled for the CPU in f32."""
 
@@ -74,18 +86,22 @@ class OpenVinoRunner(_TargetRunner):
         self.dtype = "float32" if ("f32" in self.precision.lower() or "float32" in self.precision.lower()) \
             else self.precision
         self._request = self.compiled.create_infer_request()
-        self._inputs = [i.get_any_name() for i in self.compiled.inputs]
-        self._outputs = [o.get_any_name() for o in self.compiled.outputs]
+        ins, outs = set(spec.input_names()), set(spec.io_signature().output_names())
+        self._inputs = [_port_name(i, ins) for i in self.compiled.inputs]
+        # an output tensor may carry several names (the ONNX's deduplicated outputs): each of the policy's
+        self._outputs = [(n, o) for o in self.compiled.outputs for n in sorted(o.get_names() & outs)
+                         or [o.get_any_name()]]
         self.build_seconds = time.perf_counter() - t0
 
     def infer(self, feed: Feed) -> Feed:
         res = self._request.infer({n: np.ascontiguousarray(feed[n]) for n in self._inputs})
-        return {n: _float32(res[o]).astype(self._dtypes.get(n, res[o].dtype), copy=False)
-                for n, o in zip(self._outputs, self.compiled.outputs)}
+        return {n: _float32(res[o]).astype(self._dtypes.get(n, res[o].dtype), copy=False) for n, o in self._outputs}
 
 
 class LiteRtRunner(_TargetRunner):
-    """A ``.tflite`` in ai-edge-litert's interpreter; a model of batch 1 runs a feed row by row."""
+    """A ``.tflite`` in ai-edge-litert's interpreter, through its signature (litert-torch names the module's
+    inputs ``args_<i>`` and outputs ``output_<i>``, in the module's order); a model of batch 1 runs a feed row
+    by row."""
 
     runtime = T.LITERT
 
@@ -97,32 +113,19 @@ class LiteRtRunner(_TargetRunner):
         t0 = time.perf_counter()
         self.data = bytes(data)
         self.interpreter = Interpreter(model_content=self.data, num_threads=int(threads))
-        self.interpreter.allocate_tensors()
-        self._in = sorted(self.interpreter.get_input_details(), key=lambda d: d["index"])
-        self._out = self._output_order()
-        self.rows = int(self._in[0]["shape"][0]) if len(self._in[0]["shape"]) else 1
+        sig = self.interpreter.get_signature_list()[T.LITERT_SIGNATURE]
+        self._runner = self.interpreter.get_signature_runner(T.LITERT_SIGNATURE)
+        self._in = sorted(sig["inputs"], key=_position)
+        self._out = sorted(sig["outputs"], key=_position)
+        details = self._runner.get_input_details()
+        self._in_dtypes = [details[k]["dtype"] for k in self._in]
+        shape = details[self._in[0]]["shape"]
+        self.rows = int(shape[0]) if len(shape) else 1
         self.build_seconds = time.perf_counter() - t0
 
-    def _output_order(self):
-        """The output details in the module's output order (litert-torch names them output_0, output_1, ...)."""
-        runner = self.interpreter.get_signature_runner()
-        outs = self.interpreter.get_signature_list()[T.LITERT_SIGNATURE]["outputs"] if \
-            T.LITERT_SIGNATURE in self.interpreter.get_signature_list() else None
-        del runner
-        details = {d["name"]: d for d in self.interpreter.get_output_details()}
-        if outs:
-            sig = self.interpreter._get_full_signature_list()[T.LITERT_SIGNATURE]["outputs"]
-            by_index = {d["index"]: d for d in details.values()}
-            order = sorted(outs, key=lambda s: int(s.rsplit("_", 1)[-1]) if s.rsplit("_", 1)[-1].isdigit() else 0)
-            return [by_index[sig[s]] for s in order]
-        return sorted(details.values(), key=lambda d: d["index"])
-
     def _run(self, xs: List[np.ndarray]) -> List[np.ndarray]:
-        it = self.interpreter
-        for d, x in zip(self._in, xs):
-            it.set_tensor(d["index"], np.ascontiguousarray(x, dtype=d["dtype"]))
-        it.invoke()
-        return [it.get_tensor(d["index"]).copy() for d in self._out]
+        out = self._runner(**{k: np.ascontiguousarray(x, dtype=d) for k, x, d in zip(self._in, xs, self._in_dtypes)})
+        return [np.array(out[k]) for k in self._out]
 
     def infer(self, feed: Feed) -> Feed:
         xs = [np.asarray(feed[n]) for n in self.input_names]
@@ -169,14 +172,24 @@ class ExecuTorchRunner(_TargetRunner):
         self.program = Runtime.get().load_program(self.data)
         self.method = self.program.load_method(T.EXECUTORCH_METHOD)
         _EXECUTORCH_LOADED.append(True)
+        # a program of batch 1 (the exporter's fallback where the batch could not stay dynamic) runs row by row
+        sizes = [list(self.method.metadata.input_tensor_meta(i).sizes()) for i in range(self.method.metadata.num_inputs())]
+        self.rows = 1 if sizes and all(s and s[0] == 1 for s in sizes) else None
         self.build_seconds = time.perf_counter() - t0
 
     def infer(self, feed: Feed) -> Feed:
         import torch
 
         xs = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in self.input_names]
-        outs = self.method.execute(xs)
-        return self._named([o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for o in outs])
+        n = int(xs[0].shape[0])
+        if n == 1 or self.rows is None:
+            return self._named(self._run(xs))
+        outs = [self._run([x[i:i + 1] for x in xs]) for i in range(n)]
+        return self._named([np.concatenate([o[k] for o in outs]) if self._batched[name] else outs[0][k]
+                            for k, name in enumerate(self.output_names[:len(outs[0])])])
+
+    def _run(self, xs) -> List[np.ndarray]:
+        return [o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for o in self.method.execute(xs)]
 
 
 RUNNERS = {T.OPENVINO: OpenVinoRunner, T.LITERT: LiteRtRunner, T.EXECUTORCH: ExecuTorchRunner}
