@@ -115,7 +115,8 @@ def measure(name, pt, onnx_path, targets, probes_rows, seed, iters):
             continue
         bitwise = all(a[n].tobytes() == b[n].tobytes() for n in a if n not in STOCHASTIC)
         res[t] = {"status": "ok", "convert_s": convert_s, "bytes": {k: len(v) for k, v in files.items()},
-                  "dtype": runner.dtype, "bitwise_repeat": bitwise, "figures": summary(judged(ref, a, names)),
+                  "dtype": runner.dtype, "bitwise_repeat": bitwise,
+                  "rows_per_call": getattr(runner, "max_rows", getattr(runner, "rows", None)), "figures": summary(judged(ref, a, names)),
                   "outputs": {n: {k: f.get(k) for k in ("ok", "max_abs", "max_bound", "ratio", "equal", "ties")}
                               for n, f in judged(ref, a, names).items()},
                   "latency_b1_us": median_us(lambda: runner.infer(one), iters)}

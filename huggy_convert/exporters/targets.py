@@ -31,8 +31,10 @@ from ..errors import UnsupportedError, describe
 from .onnx_export import build_onnx, model_bytes
 from .torch_module import build_module, example_inputs
 
-EXECUTORCH_MAX_BATCH = 1024  # the .pte's batch upper bound (its memory plan is sized for it)
+EXECUTORCH_MAX_BATCH = 1024  # the .pte's batch upper bound (its memory plan is sized for it; torch.export's range
+# constraints may narrow it: the runner reads the planned bound and runs a larger feed in slices)
 LITERT_BATCH = 1  # the .tflite's batch: litert-torch converts static shapes
+EXECUTORCH_PROBE_BATCH = 3  # the batch a dynamic .pte must run before it is kept (traced at 2)
 
 
 class MissingExtra(UnsupportedError):
@@ -161,11 +163,28 @@ def executorch_bytes(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, writer=N
     module = build_module(policy)
     try:
         edge = _executorch_edge(module, policy.spec, dynamic=True)
-        if not _batch_is_symbolic(edge.exported_program()):
-            edge = _executorch_edge(module, policy.spec, dynamic=False)
-        return bytes(edge.to_executorch().buffer)
+        if _batch_is_symbolic(edge.exported_program()):
+            data = bytes(edge.to_executorch().buffer)
+            if _runs_at(data, policy.spec, EXECUTORCH_PROBE_BATCH):
+                return data
+        return bytes(_executorch_edge(module, policy.spec, dynamic=False).to_executorch().buffer)
     except Exception as exc:
         raise refusal(T.EXECUTORCH, exc) from exc
+
+
+def _runs_at(data: bytes, spec, rows: int) -> bool:
+    """Whether the program runs a batch of ``rows`` (neither the traced batch nor 1): the recurrent cell's
+    edge lowering plans every tensor at the traced batch although its outputs' shapes stay symbolic."""
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(data).load_method(T.EXECUTORCH_METHOD)
+    try:
+        with torch.no_grad():
+            out = method.execute(list(example_inputs(spec, rows)))
+    except RuntimeError:
+        return False
+    return all(o.shape[0] == rows for o in out)
 
 
 def _executorch_edge(module, spec, dynamic: bool):

@@ -172,19 +172,20 @@ class ExecuTorchRunner(_TargetRunner):
         self.program = Runtime.get().load_program(self.data)
         self.method = self.program.load_method(T.EXECUTORCH_METHOD)
         _EXECUTORCH_LOADED.append(True)
-        # a program of batch 1 (the exporter's fallback where the batch could not stay dynamic) runs row by row
-        sizes = [list(self.method.metadata.input_tensor_meta(i).sizes()) for i in range(self.method.metadata.num_inputs())]
-        self.rows = 1 if sizes and all(s and s[0] == 1 for s in sizes) else None
+        # the planned input sizes are the batch's upper bound (1 for the exporter's batch-1 fallback): a larger
+        # feed runs in slices of at most that many rows
+        meta = self.method.metadata
+        self.max_rows = min(int(meta.input_tensor_meta(i).sizes()[0]) for i in range(meta.num_inputs()))
         self.build_seconds = time.perf_counter() - t0
 
     def infer(self, feed: Feed) -> Feed:
         import torch
 
         xs = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in self.input_names]
-        n = int(xs[0].shape[0])
-        if n == 1 or self.rows is None:
+        n, step = int(xs[0].shape[0]), self.max_rows
+        if n <= step:
             return self._named(self._run(xs))
-        outs = [self._run([x[i:i + 1] for x in xs]) for i in range(n)]
+        outs = [self._run([x[i:i + step] for x in xs]) for i in range(0, n, step)]
         return self._named([np.concatenate([o[k] for o in outs]) if self._batched[name] else outs[0][k]
                             for k, name in enumerate(self.output_names[:len(outs[0])])])
 
