@@ -78,6 +78,10 @@ DEFERRED = {
     "fcntl": "POSIX only (the writer's lock; absent on Windows)",
     "resource": "POSIX only (peak memory; absent on Windows)",
     "ctypes": "only where a worker's parent-death signal is set (Linux)",
+    "openvino": "optional extra (huggy-convert[openvino]): the OpenVINO target only (exporters/runtime targets)",
+    "litert_torch": "optional extra (huggy-convert[litert]): the LiteRT target's converter only",
+    "ai_edge_litert": "optional extra (huggy-convert[litert]): the LiteRT target's interpreter only",
+    "executorch": "optional extra (huggy-convert[executorch]), its own environment: the ExecuTorch target only",
 }
 
 # the root package's lazy public API (PEP 562 ``__getattr__``): ``import huggy_convert`` stays free of torch
