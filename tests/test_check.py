@@ -292,3 +292,47 @@ def test_info_says_which_consumers_load_an_onnx():
     assert "not in: cann-8" in line
     data = json.loads(run_cli("info", HYBRID.with_suffix(".onnx"), "--json").stdout)
     assert data["onnx"]["consumers"]["reject"] == ["cann-8"]
+
+
+# --- --target ------------------------------------------------------------------------------------------
+def test_convert_for_ascend_cann8_writes_opset_13_its_atc_command_and_keep_dtype_file(tmp_path):
+    r = run_cli(HYBRID, tmp_path / "out", "--target", "ascend-cann8", "--no-program", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    t = d["target"]
+    assert t["target"] == "ascend-cann8" and t["ok"] and t["accepted_by"] == ["cann-8"] and t["opset"] == 13
+    assert "--precision_mode_v2=origin" in d["atc"]["argv"] and d["atc"]["cann"] == "8.5"
+    keep = tmp_path / "out" / "Hybrid-4191.keep_dtype.cfg"
+    assert t["keep_dtype_file"] == str(keep)
+    assert keep.read_text().splitlines() == d["atc"]["keep_dtype_nodes"] and len(d["atc"]["keep_dtype_nodes"]) == 3
+    m = onnx.load(str(tmp_path / "out" / "Hybrid-4191.onnx"))
+    assert m.opset_import[0].version == 13
+    text = run_cli(HYBRID, tmp_path / "text", "--target", "ascend-cann8", "--no-program")
+    assert "target ascend-cann8: loads in cann-8" in text.stdout and "--precision_mode_v2=origin" in text.stdout
+    assert text.stdout.strip().splitlines()[-1].startswith("verdict: PASS")
+
+
+def test_a_target_keeps_the_opset_within_its_consumers_window(tmp_path):
+    r = run_cli(HYBRID, tmp_path / "out", "--target", "unity", "--opset", "13")
+    assert r.returncode == 2 and not (tmp_path / "out").exists()
+    assert r.stderr.strip().splitlines() == [
+        "huggy-convert: error: --opset 13 with --target unity: its consumers (mlagents-2, mlagents-3, mlagents-4) "
+        "import opset 9"]
+    ok = run_cli("export", HYBRID, "--target", "sentis", "--opset", "13", "-o", tmp_path / "s.onnx", "--json")
+    assert ok.returncode == 0, ok.stderr
+    d = json.loads(ok.stdout)
+    assert d["opset"] == 13 and d["target"]["accepted_by"] == ["mlagents-3", "mlagents-4", "sentis-1", "sentis-2"]
+    plain = json.loads(run_cli("export", HYBRID, "--target", "unity", "-o", tmp_path / "u.onnx", "--json").stdout)
+    assert plain["opset"] == 9 and plain["target"]["ok"]
+
+
+def test_the_target_in_json_validates_against_the_shipped_schemas(tmp_path):
+    import jsonschema
+
+    schemas = Path(__file__).resolve().parents[1] / "huggy_convert" / "schemas"
+    for command, args in (("convert", [HYBRID, tmp_path / "o", "--target", "ascend", "--no-program"]),
+                          ("export", ["export", HYBRID, "--target", "ascend", "-o", tmp_path / "e.onnx"])):
+        d = json.loads(run_cli(*args, "--json").stdout)
+        assert d["target"]["accepted_by"] == ["cann-5", "cann-6", "cann-7"] and d["target"]["opset"] == 13
+        jsonschema.validate(d, json.loads((schemas / f"{command}.json").read_text()),
+                            cls=jsonschema.Draft202012Validator)

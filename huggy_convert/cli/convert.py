@@ -13,9 +13,11 @@ from ..batch.reverify import RECORDED, Asked, raise_error_record, verify_out
 from ..batch.run import run_batch
 from ..console import show_verdict, step
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
+from ..conformance.target import apply_target
+from ..core.artifacts import ONNX
 from ..pipeline import ConvertOptions, convert_one, to_checkpoint
 from . import render
-from .options import (GLOBAL_STEP, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command, json_opt, parse_obs_sizes, range_text,
+from .options import (GLOBAL_STEP, target_opt, targeted_opset, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command, json_opt, parse_obs_sizes, range_text,
                       tolerance_options, verbosity_opts, verify_options)
 
 
@@ -24,6 +26,7 @@ from .options import (GLOBAL_STEP, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command,
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=OPSET_HELP)
+@target_opt
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside the checkpoint)")
 @click.option("--divisor", type=click.Choice(["auto", "ieee"]), default="auto", show_default=True,
@@ -41,13 +44,14 @@ from .options import (GLOBAL_STEP, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command,
 @json_opt
 @verbosity_opts
 @tolerance_options
-def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
+def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
                 quiet, verbose, atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/.
 
     It prints what it read, what it wrote and the verdict with the worst figure, last; the full
     verification tree on failure and with -v (always in OUT/<stem>.verify.json), the Ascend ATC
     command with -v; -q the verdict line only."""
+    opset = targeted_opset(target, opset)
     opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
@@ -58,8 +62,11 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
         return show_verdict(lambda: render.batch(res, as_json, render.level(quiet, verbose)), res.exit_code)
     step(f"converting {source} -> {out}/")
     res = convert_one(source, out, opts)  # the files are written and the verdict decided: then the display
-    return show_verdict(lambda: render.conversion(res, source, out, as_json, render.level(quiet, verbose)),
-                        EXIT_OK if res.ok else EXIT_VERIFY_FAILED)
+    aimed = apply_target(target, res.artifacts[ONNX]["path"], res.conversion.policy.spec) \
+        if target and ONNX in res.artifacts else None
+    ok = res.ok and (aimed is None or aimed.ok)
+    return show_verdict(lambda: render.conversion(res, source, out, as_json, render.level(quiet, verbose), aimed),
+                        EXIT_OK if ok else EXIT_VERIFY_FAILED)
 
 
 @click.command("verify", cls=Command, subject="out",

@@ -25,7 +25,7 @@ from ..modes.matrix import list_cases, run_matrix
 from ..modes.precision import precision
 from ..modes.sources import DTYPES, load_source
 from ..modes.stats import rollout
-from .options import (DEVICE_HELP, ITERS, MAX_ROWS, OPSET, OPSET_HELP, REPEATS, ROWS, ROWS_RANGE, SOURCE_HELP, STEPS,
+from .options import (target_opt, targeted_opset, DEVICE_HELP, ITERS, MAX_ROWS, OPSET, OPSET_HELP, REPEATS, ROWS, ROWS_RANGE, SOURCE_HELP, STEPS,
                       STEPS_RANGE, THREADS, WARMUP, Command, device_opt, devices_opt, range_text,
                       dtype_opt, json_opt, obs_opt, options, rows_opt, runtime_opt, seed_opt, source_arg)
 
@@ -202,6 +202,7 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
                short_help="Write an ONNX at another opset and verify it.")
 @source_arg
 @click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=OPSET_HELP)
+@target_opt
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=ROWS,
@@ -209,13 +210,14 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
 @options(seed_opt, device_opt, dtype_opt, json_opt)
-def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
+def export_cmd(source, opset, target, out, noise_input, rows, reference, seed, device, dtype, as_json):
     """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). An ONNX input is read back into its
     policy first, so any opset of --opset can be written from it too; only an ONNX whose tensors could
     not be recovered is written at its own opset alone (another: exit 2)."""
-    return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference))
+    opset = targeted_opset(target, opset)
+    return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference, target))
 
 
 @click.command("matrix", cls=Command,

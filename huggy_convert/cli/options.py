@@ -8,7 +8,9 @@ from typing import Optional
 import click
 
 from .. import contract as C
+from ..conformance.target import target_opset
 from ..console import step
+from ..contract.consumers import TARGETS_BY_NAME
 from ..errors import InputError, as_error
 from ..modes.sources import DTYPES
 from ..verify import VerifyOptions, parse_overrides
@@ -144,6 +146,23 @@ dtype_opt = click.option("--dtype", default="float32", show_default=True, type=c
 runtime_opt = click.option("--runtime", default="auto", show_default=True, type=click.Choice(RUNTIMES),
                            help="auto: torch eager for .pt/.safetensors, onnxruntime for .onnx; onnxruntime on a "
                                 "policy runs the ONNX rebuilt from it")
+target_opt = click.option(
+    "--target", type=click.Choice(list(TARGETS_BY_NAME)), default=None,
+    help="what the ONNX is for: " + "; ".join(f"{t.name} = {t.help}" for t in TARGETS_BY_NAME.values())
+         + ". It picks the opset (unless --opset is given within its consumers' window), checks the file written "
+           "against its consumers' rules (huggy-convert check; exit 1 if one rejects it), and for Ascend prints the "
+           "atc command of that CANN and writes its --keep_dtype file beside the model.")
+
+
+def targeted_opset(target, opset: int) -> int:
+    """The opset a command writes: ``opset`` as given, or, with ``--target`` and no ``--opset`` on the
+    command line, the target's own (``conformance.target.target_opset``)."""
+    if not target:
+        return opset
+    given = click.get_current_context().get_parameter_source("opset") == click.core.ParameterSource.COMMANDLINE
+    return target_opset(target, opset if given else None)
+
+
 json_opt = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout: one JSON "
                         "object, its schema huggy-convert/<command>/1 (huggy_convert/schemas/<command>.json)")
 # how much a command prints: -q the verdict only, -v everything (the full tree, the Ascend ATC advice)

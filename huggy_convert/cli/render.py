@@ -131,19 +131,24 @@ def _tree(rendered: str) -> list:
     return lines[:-1] if lines and lines[-1].startswith("verdict:") else lines
 
 
-def conversion(res, source, out, as_json: bool, how: int = NORMAL) -> None:
+def conversion(res, source, out, as_json: bool, how: int = NORMAL, target=None) -> None:
     """One conversion (``pipeline.ConvertResult``): what it read, what it wrote, the verdict last; the
-    tree on failure and with -v (``how``), the Ascend ATC advice with -v; -q the verdict only."""
-    code = EXIT_OK if res.ok else EXIT_VERIFY_FAILED
+    tree on failure and with -v (``how``), the Ascend ATC advice with -v or for an Ascend ``--target``
+    (``target``: ``conformance.target.TargetOutcome``, whose rejection fails the command); -q the verdict only."""
+    code = EXIT_OK if res.ok and (target is None or target.ok) else EXIT_VERIFY_FAILED
     rep = None
     if res.report is not None:
         rep = dict(res.report.to_dict(), first_failure=res.report.first_failure())
     if as_json:
         s = res.summary()
-        s["atc"] = res.atc()
+        s["atc"] = target.atc if target is not None and target.atc else res.atc()
+        if target is not None:
+            s["target"] = target.summary()
         emit_json("convert", code, s)
         return
     last = verdict_line(rep, res.seconds)
+    if target is not None and not target.ok:
+        last += f"; target {target.target.name}: rejected by {', '.join(target.summary()['rejected_by'])}"
     if how == QUIET:
         click.echo(last)
         return
@@ -164,7 +169,7 @@ def conversion(res, source, out, as_json: bool, how: int = NORMAL) -> None:
             click.echo(f"  divisor: {s['divisor']}")
         for kind, a in res.artifacts.items():
             click.echo(f"  wrote {Path(a['path']).name}  sha256 {a['sha256'][:16]}…")
-        atc = res.atc()
+        atc = target.atc if target is not None and target.atc else res.atc()
         for line in atc_lines(atc) if atc else ():
             click.echo(line)
     else:
@@ -173,6 +178,12 @@ def conversion(res, source, out, as_json: bool, how: int = NORMAL) -> None:
         rest = [n[len(stem) + 1:] for n in names if n.startswith(stem + ".")]
         wrote = f"{stem}.{{{','.join(rest)}}}" if len(rest) == len(names) and len(rest) > 1 else ", ".join(names)
         click.echo(f"wrote {out}/{wrote}")
+    if target is not None:
+        for line in target.lines():
+            click.echo(line)
+        if target.atc and how != VERBOSE:
+            for line in atc_lines(target.atc):
+                click.echo(line)
     if res.report is not None and (how == VERBOSE or not res.ok):
         for line in _tree(res.report.render()):
             click.echo(line)

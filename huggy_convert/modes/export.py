@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from .. import contract as C
+from ..conformance.target import apply_target
 from ..core.files import atomic_write_bytes
 from ..errors import DeviceError, ExportError, InputError, describe
 from ..exporters.atc import atc_plan, render
@@ -54,6 +55,7 @@ class ExportOptions:
     rows: int = 64
     seed: int = 0
     reference: Optional[Path] = None
+    target: Optional[str] = None  # --target: the file written checked for it (conformance.target), ATC for its CANN
 
 
 def _refuse(src: Source, opset: int, o: ExportOptions) -> None:
@@ -165,7 +167,13 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     if checks:
         r.data["checks"] = [c.to_dict() for c in checks]
     r.data["atc"] = atc_plan(loaded, display_path(out), src.spec)
+    aimed = apply_target(o.target, out, src.spec) if o.target else None
+    if aimed is not None:
+        r.data["target"] = aimed.summary()
+        r.data["atc"] = aimed.atc or r.data["atc"]
+        r.ok = r.ok and aimed.ok
     _render(r, src, checks)
+    r.lines += aimed.lines() if aimed is not None else []
     return r
 
 
