@@ -200,7 +200,7 @@ def test_image_size_comes_from_the_official_onnx_or_obs_sizes(fx, tmp_path):
     r = run_cli(p, tmp_path / "out", "--obs-sizes", "3x20x20", "--no-verify", "--no-program")
     assert r.returncode == 0, r.stderr
     r = run_cli(p, tmp_path / "out2", "--obs-sizes", "3x20")
-    assert r.returncode == 2 and "neither a width nor a CxHxW camera shape" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and "neither a width nor a CxHxW shape" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_camera_input_shape_errors_name_the_observation(fx, tmp_path):
