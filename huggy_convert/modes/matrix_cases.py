@@ -2,7 +2,6 @@
 observations, sampled actions (registered into ``matrix_table.TABLE`` in order; see there)."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from functools import partial
@@ -81,7 +80,7 @@ def c_inv(m):
 
 def _manifest_match(s, want: Dict[str, Any]) -> bool:
     """Every spec field the fixture manifest states, as it states it, and its trainer type."""
-    fields = [f.name for f in dataclasses.fields(s) if f.name in want]
+    fields = [k for k in s.values() if k in want]
     same = all(_plain(getattr(s, k)) == _plain(want[k]) for k in fields)
     return same and s.algorithm == TRAINER_ALIASES.get(want["trainer_type"], want["trainer_type"])
 
