@@ -11,6 +11,7 @@ from .. import contract as C
 from ..batch.manifest import PROFILE_FULL
 from ..batch.reverify import RECORDED, raise_error_record, verify_out
 from ..batch.run import run_batch
+from ..batch.alone import onnx_alone
 from ..console import show_verdict
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
 from ..pipeline import ConvertOptions, convert_one, to_checkpoint
@@ -45,6 +46,8 @@ def convert_cmd(source, out, opset, reference, divisor, no_verify, no_program, o
     opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
+    if source.is_dir():
+        source = onnx_alone(source, out) or source  # a Hub download with only its <Behavior>.onnx: that file
     if source.is_dir():
         with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and sys.stdout.isatty()) as p:
             res = run_batch(source, out, opts, jobs=jobs or None, force=force, events=p)

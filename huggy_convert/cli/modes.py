@@ -168,19 +168,21 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
 
 @click.command("export", cls=Command)
 @source_arg
+@click.argument("out_dir", required=False, type=click.Path(path_type=Path), metavar="[OUT/]")
 @click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=C.opset_story())
-@click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default OUT/<stem>.opset<N>.onnx; "
+              "without OUT/, beside the .safetensors of a set convert wrote)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=ROWS, help="probe rows for the reference check")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
 @options(seed_opt, device_opt, dtype_opt, json_opt)
-def export_cmd(source, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
+def export_cmd(source, out_dir, opset, out, noise_input, rows, reference, seed, device, dtype, as_json):
     """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). From an ONNX input only the same
     opset can be written: a different one needs the canonical tensors (exit 2)."""
-    return export(load_source(source), opset, out, noise_input, device, dtype, rows, seed, reference)
+    return export(load_source(source), opset, out, noise_input, device, dtype, rows, seed, reference, out_dir)
 
 
 @click.command("matrix", cls=Command)

@@ -14,6 +14,7 @@ from ..core.files import atomic_write_bytes
 from ..errors import DeviceError, ExportError, InputError, describe
 from ..exporters.atc import atc_plan, render
 from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
+from ..importers.own import export_target
 from ..pipeline import default_reference, load_reference, prepare_conversion
 from ..runtime import STOCHASTIC, OrtRunner, make_noise
 from ..verify import VerifyOptions
@@ -23,8 +24,9 @@ from .common import ModeResult, g
 from .sources import KIND_CHECKPOINT, KIND_ONNX, Source, display_path, make_feed
 
 
-def default_out(src: Source, opset: int) -> Path:
-    return Path.cwd() / f"{src.path.stem}.opset{opset}.onnx"
+def default_out(src: Source, opset: int, out_dir: Optional[Path] = None) -> Path:
+    """OUT/<stem>.opset<N>.onnx: OUT given, or the folder of the set a canonical input belongs to."""
+    return export_target(src.path, out_dir, opset)
 
 
 def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
@@ -42,7 +44,7 @@ def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
 
 def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] = None, noise_input: bool = False,
            device: str = "cpu", dtype: str = "float32", rows: int = 64, seed: int = 0,
-           reference: Optional[Path] = None) -> ModeResult:
+           reference: Optional[Path] = None, out_dir: Optional[Path] = None) -> ModeResult:
     """Write the ONNX, check it with onnx.checker (full_check) and verify it as a conversion does:
     against the official ONNX (verify's checks 2 and 3, verify.engine.compare_with_official) when there
     is one, else against the opset-9 rebuild (outputs bitwise in onnxruntime)."""
@@ -57,7 +59,9 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
     if device not in ("cpu", "auto"):
         raise DeviceError(f"--device {device}: export verifies in onnxruntime's CPU execution provider, the "
                           "reference runtime")
-    out = Path(out) if out else default_out(src, opset)
+    if out and out_dir:
+        raise InputError("give OUT/ or --out, not both", out)
+    out = Path(out) if out else default_out(src, opset, out_dir)
     if out.exists() and out.resolve() == src.path.resolve():
         raise InputError("refusing to overwrite the input: choose another --out", out)
     official_path = _official_for(src, reference)
@@ -86,6 +90,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         if noise_input:
             model = with_noise_input(model)
         data = model_bytes(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, data)
     loaded = onnx.load(str(out))
     try:
