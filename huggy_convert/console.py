@@ -85,7 +85,9 @@ class ConsoleStream:
             self._encode = getattr(stream, "encoding", None)  # any other text stream: fall back before writing
 
     def write(self, text):
-        if not isinstance(text, str):  # bytes: the stream's own TypeError (click probes for a binary stream)
+        if isinstance(text, (bytes, bytearray)) and text:  # click.echo(b"..."), e.g. its shell completion: UTF-8
+            text = bytes(text).decode("utf-8", "replace")
+        if not isinstance(text, str):  # b"": the stream's own TypeError (click probes for a binary stream)
             return self._stream.write(text)
         if self.lost is not None:
             return len(text)

@@ -195,6 +195,8 @@ def _refuse_overwriting_sources(arts: ArtifactSet, src: Path, reference: Optiona
     for kind in SUFFIXES:
         target = arts.path(kind)
         name = theirs.get(target.resolve()) if target.exists() else None
+        if name is not None and target.resolve() == src.resolve():  # e.g. OUT/<stem>.safetensors into OUT/
+            raise InputError(f"{target.name} would overwrite the input; choose another output directory", arts.dir)
         if name is not None:
             raise InputError(f"{target.name} would overwrite {name}, which this tool did not write (the official "
                              "files ML-Agents wrote beside the checkpoint are the reference); choose another output "

@@ -9,7 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click.testing
 import pytest
+
+
+def _stderr_apart(init):
+    """click < 8.2's ``CliRunner`` mixes stderr into ``output`` unless told (``mix_stderr``, gone in 8.2):
+    the tests read ``result.stderr`` as click 8.2+ gives it, on the declared floor (click 8.1) too."""
+    def __init__(self, *args, mix_stderr=False, **kwargs):
+        init(self, *args, mix_stderr=mix_stderr, **kwargs)
+    return __init__
+
+
+if "mix_stderr" in click.testing.CliRunner.__init__.__code__.co_varnames:
+    click.testing.CliRunner.__init__ = _stderr_apart(click.testing.CliRunner.__init__)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

@@ -60,7 +60,7 @@ EXPECTED_LAYERS = [
     ("console",),
     ("modes",),
     ("cli",),
-    (PKG, "api"),
+    (PKG, "api", "__main__"),
 ]
 
 # Third-party modules a function may import where it needs them: optional or heavy dependencies whose

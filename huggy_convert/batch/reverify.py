@@ -22,6 +22,7 @@ from ..errors import HuggyError, InputError, PolicyFileError, as_error
 from ..exporters.pt2 import ProgramWriter
 from ..importers import is_onnx_source, read_source
 from ..importers.from_onnx import checkpoint_from_onnx
+from ..importers.own import artifact_set, checkpoint_from_policy_file, is_policy_file
 from ..pipeline import ConvertOptions, load_reference, read_reference
 from ..verify import Reference, VerifyOptions, write_report
 from ..verify.engine import (check_devices, check_tolerance_outputs, locate_source, named_tolerances,
@@ -67,6 +68,9 @@ def verify_plan(out_dir, reference=None, checkpoint=None, options=None, stem: Op
     official ONNX, checkpoint and warnings, and for each set (its options, the note its report gets,
     the profile's name): with ``profile`` ``RECORDED``, the batch profile where ``OUT/manifest.json``
     records it (``batch_profiles``, noted), else the full one (``options``)."""
+    named = artifact_set(out_dir) if not Path(out_dir).is_dir() else None
+    if named is not None:  # a file of a set (OUT/<stem>.onnx): that set
+        out_dir, stem = named
     sets, official, ckpt, warns = verify_sets(out_dir, reference, checkpoint, options, stem)
     out = Path(out_dir)
     full = options or VerifyOptions()
@@ -178,6 +182,8 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) 
             elif is_onnx_source(path):  # a policy recovered from an ONNX (importers.from_onnx)
                 model, data = read.get(rec["sha256"]) or read_onnx(path, "ONNX model", data=data)
                 ckpt = checkpoint_from_onnx(path, model, data)
+            elif is_policy_file(path):  # a set converted from a canonical file (importers.own)
+                ckpt = checkpoint_from_policy_file(path, data)
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (both
                 # drivers silence torch's warnings around the whole run: catch_warnings is not thread-safe)

@@ -11,6 +11,7 @@ from .. import contract as C
 from ..batch.manifest import PROFILE_FULL
 from ..batch.reverify import RECORDED, Asked, raise_error_record, verify_out
 from ..batch.run import run_batch
+from ..batch.alone import onnx_alone
 from ..console import show_verdict, step
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VERIFY_FAILED
 from ..conformance.target import apply_target
@@ -55,6 +56,8 @@ def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_pr
     opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
                           reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
+    if source.is_dir():
+        source = onnx_alone(source, out) or source  # a Hub download with only its <Behavior>.onnx: that file
     if source.is_dir():
         with render.Progress("converting {} checkpoints", sys.stdout, bar=not as_json and not quiet and sys.stdout.isatty(),
                              ticks=not quiet) as p:

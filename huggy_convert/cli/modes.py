@@ -201,23 +201,25 @@ def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dt
 @click.command("export", cls=Command,
                short_help="Write an ONNX at another opset and verify it.")
 @source_arg
+@click.argument("out_dir", required=False, type=click.Path(path_type=Path), metavar="[OUT/]")
 @click.option("--opset", type=OPSET, default=C.ONNX_OPSET_DEFAULT, show_default=True, help=OPSET_HELP)
 @target_opt
-@click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default ./<stem>.opset<N>.onnx)")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="output file (default OUT/<stem>.opset<N>.onnx; "
+              "without OUT/, beside the .safetensors of a set convert wrote)")
 @click.option("--noise-input", is_flag=True, help="RandomNormalLike as the input 'epsilon' (reproducible sampling)")
 @click.option("--rows", default=64, show_default=True, type=ROWS,
               help=f"probe rows for the reference check, {ROWS_RANGE}")
 @click.option("--reference", type=click.Path(path_type=Path), help="official ONNX to verify against "
               "(default: <stem>.onnx beside a checkpoint)")
 @options(seed_opt, device_opt, dtype_opt, json_opt)
-def export_cmd(source, opset, target, out, noise_input, rows, reference, seed, device, dtype, as_json):
+def export_cmd(source, out_dir, opset, target, out, noise_input, rows, reference, seed, device, dtype, as_json):
     """Write an ONNX at --opset, check it with onnx.checker (full_check) and verify it as a conversion
     does: against the official ONNX (beside a checkpoint, or --reference) through verify's checks 2
     and 3, else against the opset-9 rebuild (bitwise in onnxruntime). An ONNX input is read back into its
     policy first, so any opset of --opset can be written from it too; only an ONNX whose tensors could
     not be recovered is written at its own opset alone (another: exit 2)."""
     opset = targeted_opset(target, opset)
-    return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference, target))
+    return export(load_source(source), opset, out, ExportOptions(noise_input, device, dtype, rows, seed, reference, target, out_dir))
 
 
 @click.command("matrix", cls=Command,

@@ -6,9 +6,9 @@ from typing import Any, Dict, Optional, Sequence
 
 from ..core.policy import Policy
 from .checkpoint import Checkpoint, load_checkpoint
-from .mapping import MappedPolicy, map_policy  # noqa: F401
+from .mapping import MappedPolicy, map_policy, map_policy_as  # noqa: F401
 from .policy_file import build_metadata, load_policy, policy_bytes, save_policy  # noqa: F401
-from .reference import input_hints, official_divisors, reconcile_divisors  # noqa: F401
+from .reference import input_hints, keep_divisors, official_divisors, reconcile_divisors  # noqa: F401
 
 
 @dataclass
@@ -26,13 +26,20 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
     official ONNX) as :func:`reference.reconcile_divisors` decides; what no tensor says (an observation's
     shape) is read from ``official``'s inputs (or, without one, ``hints_from``'s: an ML-Agents ONNX of the
     same run that is not the reference); ``stated``: the spec fields an official ONNX states
-    (:func:`reference.stated_fields`)."""
-    mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes, stated=stated,
-                        inputs=input_hints(official if official is not None else hints_from))
+    (:func:`reference.stated_fields`). A canonical file read back (``ckpt.stated``, ``importers.own``)
+    states them itself, and keeps its own divisors where no ONNX is beside it."""
+    own = ckpt.stated.spec if ckpt.stated is not None else None
+    if own is not None:  # a canonical file: its spec states what no tensor says, as its ONNX would
+        mapped = map_policy_as(ckpt.policy, own, ckpt.path)
+    else:
+        mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes,
+                            stated=stated, inputs=input_hints(official if official is not None else hints_from))
     md = build_metadata(mapped, source_name=ckpt.path.name, source_sha256=ckpt.sha256, step=ckpt.global_step,
                         recovered=ckpt.recovered)
     policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
                                    reference_name, reference_sha256)
+    if own is not None and official is None and divisor == "auto":  # no ONNX beside a canonical file
+        policy = keep_divisors(policy, ckpt.stated)
     return Conversion(policy, ckpt, mapped)
 
 

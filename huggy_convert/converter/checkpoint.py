@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import contract as C
 from ..core.files import MAX_INPUT_BYTES, clip, quote, read_input_file, stored_zip
+from ..core.policy import Policy
 from ..errors import CheckpointError, InputError, describe
 
 
@@ -31,6 +32,7 @@ class Checkpoint:
     top_keys: List[str]
     recovered: Optional[Dict[str, object]] = None
     obs_sizes: Optional[Tuple[int, ...]] = None  # the split the file states where the state dict cannot (an ONNX's inputs)
+    stated: Optional[Policy] = None  # a canonical file's policy (importers.own): what no tensor here says
 
 
 _PICKLE_OPCODES = {ord(op.code): op.name for op in pickletools.opcodes}

@@ -206,6 +206,18 @@ def reconcile_divisors(policy, official=None, mode: str = "auto", reference_name
     return replace(policy, tensors=tensors, metadata=md), decision
 
 
+def keep_divisors(policy, stated):
+    """``policy`` with the divisors ``stated`` holds and its divisor record: a canonical file converted
+    with no ONNX beside it keeps its own (adopted from its official ONNX, or IEEE: as its record says)."""
+    tensors = dict(policy.tensors)
+    for i in policy_ieee_divisors(policy):
+        tensors[C.c_divisor(i)] = np.array(stated.tensors[C.c_divisor(i)], np.float32)
+    md = dict(policy.metadata)
+    if C.MD_DIVISOR in stated.metadata:
+        md[C.MD_DIVISOR] = stated.metadata[C.MD_DIVISOR]
+    return replace(policy, tensors=tensors, metadata=md)
+
+
 def divisor_record(policy) -> Dict[str, object]:
     """The divisor decision recorded in a policy's metadata ({} for a version-1 file)."""
     try:

@@ -73,7 +73,7 @@ def resolve_device(name: str) -> str:
             import torch_npu  # noqa: F401
         except ImportError:
             raise DeviceError("device 'npu' asked for, but torch_npu is not installed "
-                              "(pip install 'huggy-convert[npu]' with the torch_npu build matching your torch and CANN)") from None
+                              "(pip install torch-npu beside it, the build matching your torch and CANN)") from None
         if not torch.npu.is_available():
             raise DeviceError("device 'npu' asked for, but torch_npu sees no Ascend NPU")
         return name

@@ -1,7 +1,8 @@
 """Importers: sources other than an ML-Agents ``.pt`` checkpoint, read back into the ``Policy`` state dict
 a checkpoint holds so that they enter the one pipeline (the converter's key rules, then the exporters).
 They sit above the exporters they reuse: :mod:`.from_onnx` rebuilds a template graph with
-``exporters.onnx_export.build_onnx`` to find each tensor in an ML-Agents ONNX.
+``exporters.onnx_export.build_onnx`` to find each tensor in an ML-Agents ONNX; :mod:`.own` reads this
+tool's own outputs (a canonical ``.safetensors``, the set a file of OUT/ belongs to).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from ..converter.checkpoint import Checkpoint, load_checkpoint
 from ..core.artifacts import ONNX, SUFFIXES
 from .from_onnx import checkpoint_from_onnx
+from .own import checkpoint_from_policy_file, is_policy_file
 
 
 def is_onnx_source(path) -> bool:
@@ -18,8 +20,11 @@ def is_onnx_source(path) -> bool:
 
 
 def read_source(path) -> Checkpoint:
-    """The actor of a ``.pt`` checkpoint, or of an ML-Agents ``.onnx`` read back into one
-    (``from_onnx.checkpoint_from_onnx``: its ``recovered`` record says what an ONNX does not hold)."""
+    """The actor of a ``.pt`` checkpoint, of an ML-Agents ``.onnx`` read back into one
+    (``from_onnx.checkpoint_from_onnx``: its ``recovered`` record says what an ONNX does not hold), or of
+    a canonical ``.safetensors`` this tool wrote (``own.checkpoint_from_policy_file``)."""
     if is_onnx_source(path):
         return checkpoint_from_onnx(path)
+    if is_policy_file(path):
+        return checkpoint_from_policy_file(path)
     return load_checkpoint(path)

@@ -16,6 +16,7 @@ from ..core.files import atomic_write_bytes
 from ..errors import DeviceError, ExportError, InputError, describe
 from ..exporters.atc import atc_plan, render
 from ..exporters.onnx_export import build_onnx, model_bytes, with_noise_input
+from ..importers.own import export_target
 from ..pipeline import default_reference, load_reference, prepare_conversion
 from ..runtime import STOCHASTIC, OrtRunner, make_noise
 from ..verify import VerifyOptions
@@ -25,8 +26,9 @@ from .common import ModeResult, g
 from .sources import KIND_CHECKPOINT, KIND_ONNX, Source, display_path, make_feed
 
 
-def default_out(src: Source, opset: int) -> Path:
-    return Path.cwd() / f"{src.path.stem}.opset{opset}.onnx"
+def default_out(src: Source, opset: int, out_dir: Optional[Path] = None) -> Path:
+    """OUT/<stem>.opset<N>.onnx: OUT given, or the folder of the set a canonical input belongs to."""
+    return export_target(src.path, out_dir, opset)
 
 
 def _official_for(src: Source, reference: Optional[Path]) -> Optional[Path]:
@@ -56,6 +58,7 @@ class ExportOptions:
     seed: int = 0
     reference: Optional[Path] = None
     target: Optional[str] = None  # --target: the file written checked for it (conformance.target), ATC for its CANN
+    out_dir: Optional[Path] = None  # OUT/: where <stem>.opset<N>.onnx goes (default: beside a set's .safetensors)
 
 
 def _refuse(src: Source, opset: int, o: ExportOptions) -> None:
@@ -131,7 +134,9 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
 
     o = options
     _refuse(src, opset, o)
-    out = Path(out) if out else default_out(src, opset)
+    if out and o.out_dir:
+        raise InputError("give OUT/ or --out, not both", out)
+    out = Path(out) if out else default_out(src, opset, o.out_dir)
     if out.exists() and out.resolve() == src.path.resolve():
         raise InputError("refusing to overwrite the input: choose another --out", out)
     official_path = _official_for(src, o.reference)
@@ -142,6 +147,7 @@ def export(src: Source, opset: int = C.ONNX_OPSET_DEFAULT, out: Optional[Path] =
         load_reference(official_path) if official_path is not None else None)
     r = ModeResult("export")
     policy, data = _build(src, opset, o.noise_input, official_path, prepared, official, r)
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, data)
     loaded = onnx.load(str(out))
     try:

@@ -14,6 +14,7 @@ from ..importers.from_onnx import describe_recovered, recovered_record
 from ..runtime import ort_providers
 from ..verify.engine import environment as report_environment
 from .common import ModeResult, g
+from .outdir import is_output_dir, out_info
 from .sources import KIND_ONNX, Source, devices_present, display_path, load_source, run_inventory
 
 # A dimension whose per-step variance (running_variance / steps) is below this is "constant":
@@ -85,6 +86,8 @@ def normalizer_summary(src: Source) -> List[Dict[str, object]]:
 
 def info(path, device: str = "auto", dtype: str = "float32", src: Optional[Source] = None) -> ModeResult:
     p = Path(path)
+    if src is None and is_output_dir(p):  # OUT/: the sets written there
+        return out_info(p)
     src = src or load_source(p)
     r = ModeResult("info")
     spec = src.spec
