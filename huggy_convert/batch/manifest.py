@@ -19,6 +19,7 @@ from .. import contract as C
 from ..core.artifacts import SUFFIXES, sha256_bytes
 from ..core.files import atomic_write_bytes, read_input_file
 from ..errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, HuggyError
+from ..pipeline import ConvertOptions
 from .rundir import Item
 
 
