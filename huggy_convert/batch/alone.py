@@ -17,10 +17,13 @@ def onnx_alone(source, out=None) -> Optional[Path]:
     ``<Behavior>.onnx``): that ONNX, which converts alone (``importers.from_onnx``). None where a checkpoint
     is there (a batch) or no ONNX is; several ONNX and no checkpoint: an ``InputError`` naming them."""
     source = Path(source)
+    try:
+        exclude = Path(out).resolve() if out is not None else None
+    except (OSError, RuntimeError):  # an OUT that cannot be resolved (a symlink loop): the batch names it
+        return None
     found = discover(source, out)
     if any(not it.missing for it in found.items):
         return None
-    exclude = Path(out).resolve() if out is not None else None
     onnx = []
     for dirpath, dirnames, filenames in os.walk(source):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
