@@ -24,6 +24,7 @@ from ..contract.targets import TARGETS
 from ..errors import HuggyError, InputError
 from ..exporters.devices import resolve_device
 from ..runtime import INTRA_OP_THREADS, ort_session, torch_threads
+from ..runtime.targets import build_target
 from .common import ModeResult, percentiles, rss_bytes, time_calls
 from .sources import (RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
                       make_runner)
@@ -111,8 +112,6 @@ def _run_one(path: Path, src: Optional[Source], dev: str, rt: str, batches, timi
 
 def _target(s: Source, dev: str, target: str, timing: Timing):
     """A deploy target's runner for ``s``'s policy (its files made in memory by its exporter): CPU, float32."""
-    from ..runtime.targets import build_target
-
     if dev.split(":")[0] != "cpu" or timing.dtype != "float32":
         raise InputError(f"the {target} target runs float32 on the CPU (not {dev} {timing.dtype})")
     if not s.has_tensors:

@@ -12,6 +12,7 @@ from ..contract import targets as T
 from ..core.artifacts import TARGET_KINDS, TARGET_OF, ArtifactSet
 from ..errors import describe
 from ..exporters.targets import missing
+from ..runtime.targets import target_runner
 from ..runtime.threads import VERIFY_THREADS
 from .report import FAIL, PASS, SKIP, Check
 
@@ -23,8 +24,6 @@ def target_files(files: Dict[str, bytes]) -> Dict[str, Dict[str, str]]:
 
 def check_targets(runs, artifacts: ArtifactSet, files: Dict[str, bytes]) -> List[Check]:
     """One check per deploy target with a file in ``files`` (``runs``: check 4's ``runtimes._Runs``)."""
-    from ..runtime.targets import target_runner
-
     out = []
     for target, kinds in target_files(files).items():
         names = " + ".join(artifacts.name(k) for k in kinds)
