@@ -40,7 +40,7 @@ class ConvertOptions:
     divisor: str = "auto"  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never (converter.reference)
     verify: bool = True
     program: bool = True  # write <stem>.pt2
-    targets: Sequence[str] = ()  # deploy targets written beside them (contract.targets.TARGETS: --targets)
+    targets: Sequence[str] = ()  # deploy targets written in the same set (--targets; one refusing the policy: nothing)
     verify_options: Optional[object] = None
 
 
@@ -260,8 +260,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, *, pr
 
     kinds = [k for k in BUILT if k != PT2 or o.program]
     blobs = {k: EXPORTERS[k](conv.policy, o.opset, batch.writer) for k in kinds}
-    for t in o.targets:  # each deploy target's files (a target that cannot take the policy: one line, nothing written)
-        blobs.update(TARGETS[t](conv.policy, o.opset, batch.writer))
+    blobs.update({k: b for t in o.targets for k, b in TARGETS[t](conv.policy, o.opset, batch.writer).items()})
     res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
     make_dirs(out)
     # the set is written and verified as one: a lock on OUT/<stem> (see artifacts.locked), and every
