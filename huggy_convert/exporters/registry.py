@@ -8,6 +8,8 @@ regenerates to compare it with.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Callable, Dict, Sequence
 
 from ..converter.policy_file import dumps
@@ -38,7 +40,9 @@ def _target(target: str) -> Callable:
 
     def files(policy, opset, writer) -> Dict[str, bytes]:
         require(target)
-        return {kinds[suffix]: data for suffix, data in TARGET_EXPORTERS[target](policy, opset, writer).items()}
+        with contextlib.redirect_stdout(io.StringIO()):  # a converter's progress lines (litert-torch's) are not
+            made = TARGET_EXPORTERS[target](policy, opset, writer)  # ours: stdout is the command's (--json)
+        return {kinds[suffix]: data for suffix, data in made.items()}
 
     files.__name__ = f"_{target}"
     return files

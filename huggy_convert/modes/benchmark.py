@@ -12,7 +12,9 @@ runtimes beside them, on the CPU, in float32, on the same threads: the policy ex
 skipped with the line saying what to install."""
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +119,8 @@ def _target(s: Source, dev: str, target: str, timing: Timing):
     if not s.has_tensors:
         raise InputError(f"the {target} target is exported from canonical tensors: none recovered from this ONNX "
                          f"({s.unrecovered})")
-    return build_target(target, s.policy, timing.threads)[1]
+    with contextlib.redirect_stdout(io.StringIO()):  # a converter's progress lines: stdout is ours (--json)
+        return build_target(target, s.policy, timing.threads)[1]
 
 
 def _benchmark(path, devices, runtimes, batches, timing: Timing, src) -> ModeResult:

@@ -34,6 +34,7 @@ from .record import (CHECK_IDS, Record, Reference, Regenerate, Written, check_fi
                      source_record)
 from .report import FAIL, SKIP, Check, Report
 from .runtimes import check_devices, check_runtimes
+from .targets import not_installed
 
 __all__ = ["verify", "environment", "report_bytes", "write_report", "VerifyOptions", "Reference", "Record",
            "Written", "Context", "compare_with_official", "load_golden", "check_tolerance_outputs",
@@ -186,6 +187,7 @@ def _verify(job: _Job) -> Report:
     targets = {k: v for k, v in files.items() if k in TARGET_OF}
     c4, cpu32 = check_runtimes(ctx, artifacts, job.devices, job.extra_modules, files.get(PT2), targets)  # 4
     rep.checks.append(c4)
+    rep.not_run.extend(not_installed(targets))  # a deploy target's runs that its extra's absence here leaves out
     rep.checks.append(check_fingerprints(ctx, job.devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
     kinds = (ONNX, PT2) + tuple(targets) if job.again else () if o.program_load else (PT2,)

@@ -61,3 +61,10 @@ def _repeat(runner, feed) -> Check:
     return Check("two runs bitwise", FAIL if differ else PASS,
                  f"{', '.join(differ)} differ between two runs of the same feed" if differ else
                  f"{len([n for n in names if n in a])} outputs bitwise the same in two runs")
+
+
+def not_installed(files: Dict[str, bytes]) -> List[Dict[str, object]]:
+    """``Report.not_run`` entries for the deploy targets with files here whose extra is not installed (a
+    re-verification elsewhere than the conversion: their runs of check 4 cannot be made again; exit 4)."""
+    return [{"check": 4, "id": "runtimes", "reason": f"{t} not installed", "detail": line}
+            for t in target_files(files) for line in [missing(t)] if line]
