@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli, variant_ckpt
+from conftest import ROOT, family_step, run_cli, variant_ckpt
 from huggy_convert.contract import targets as T
 from huggy_convert.core.artifacts import TARGET_KINDS
 from huggy_convert.exporters import targets as X
@@ -92,6 +92,24 @@ def test_huggy_with_a_target(target, tmp_path, huggy_ckpt):
     _needs(target)
     out = tmp_path / "out"
     stem, files = _converted(target, huggy_ckpt, out)
+    _reverified(out, stem, files)
+
+
+# one fixture of each family: vector, visual, attention, LSTM, discrete, hybrid, goal-conditioned
+FAMILIES = {"visual_simple": "family", "attention": "family", "lstm": "variant", "discrete": "variant",
+            "hybrid": "variant", "goal_hyper": "family"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("target", T.TARGETS)
+def test_every_family_with_a_target(target, name, tmp_path):
+    """Converted and verified, then ``verify OUT/`` in another process (whose check 4 reads and compiles the
+    files before check 6 regenerates them: a converter naming nodes by a process-wide counter shows here)."""
+    _needs(target)
+    ck = family_step(name)[0] if FAMILIES[name] == "family" else variant_ckpt(name)
+    out = tmp_path / "out"
+    stem, files = _converted(target, ck, out)
     _reverified(out, stem, files)
 
 
