@@ -197,8 +197,9 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, targets, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
-    return benchmark(source, list(devices) or None, (list(runtimes) or list(ALL)) + list(targets.extra if targets else ()),
-                     list(batches) or (1, 64), Timing(dtype, warmup, iters, seed, threads))
+    timed = (list(runtimes) or list(ALL)) + list(targets.extra if targets else ())
+    return benchmark(source, list(devices) or None, timed, list(batches) or (1, 64),
+                     Timing(dtype, warmup, iters, seed, threads))
 
 
 @click.command("export", cls=Command,

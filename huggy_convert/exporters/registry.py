@@ -2,8 +2,9 @@
 
 ``EXPORTERS[kind](policy, opset, writer) -> bytes``; the deploy targets (issue 27, written when asked:
 ``--targets``), ``TARGETS[target](policy, opset, writer) -> {kind: bytes}`` (OpenVINO writes two files, two
-kinds: ``core.artifacts.TARGET_KINDS``), each target's modules imported only when it is built. Adding an artifact kind: its exporter module,
-one entry here, its suffix in ``core.artifacts.SUFFIXES``, and what check 6 (``verify.engine.check_files``)
+kinds: ``core.artifacts.TARGET_KINDS``), each target's modules imported only when it is built.
+
+Adding an artifact kind: its exporter module, one entry here, its suffix in ``core.artifacts.SUFFIXES``, and what check 6 (``verify.engine.check_files``)
 regenerates to compare it with.
 """
 from __future__ import annotations

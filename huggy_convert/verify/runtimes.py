@@ -169,7 +169,8 @@ def check_runtimes(ctx, artifacts: ArtifactSet, devices: Sequence[str], extra_mo
     """Check 4: every float32 runtime (onnxruntime on the rebuilt and official files: ``ctx``'s runners,
     their runs shared with check 3; the torch module on every device and dtype; the ``.pt2`` through
     ``torch.export.load``: ``program``, its bytes already read; the deploy targets' files, ``targets``: kind ->
-    bytes, ``verify.targets``) against the float64 reference of the canonical tensors; returns (the check, the cpu float32 module's runner for check 5)."""
+    bytes, ``verify.targets``) against the float64 reference of the canonical tensors; returns (the check,
+    the cpu float32 module's runner for check 5)."""
     feed_name = next(iter(ctx.feeds))
     runs = _Runs(ctx, feed_name)
     c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
