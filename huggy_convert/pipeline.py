@@ -25,7 +25,7 @@ from .core.files import atomic_write_bytes
 from .core.policy import Policy
 from .errors import InputError
 from .exporters.atc import atc_plan
-from .exporters.registry import EXPORTERS
+from .exporters.registry import EXPORTERS, TARGETS, require_targets
 from .importers import checkpoint_from_onnx, is_onnx_source, read_source
 from .verify import Reference, VerifyOptions, verify
 from .verify.engine import check_devices, check_tolerance_outputs, report_bytes, source_record
@@ -40,6 +40,7 @@ class ConvertOptions:
     divisor: str = "auto"  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never (converter.reference)
     verify: bool = True
     program: bool = True  # write <stem>.pt2
+    targets: Sequence[str] = ()  # deploy targets written in the same set (--targets; one refusing the policy: nothing)
     verify_options: Optional[object] = None
 
 
@@ -236,6 +237,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, *, pr
     ``verify OUT/`` checks them all and re-runs checks 1-2 while the sources are still there."""
     t0 = time.perf_counter()
     o = options or ConvertOptions()
+    require_targets(o.targets)
     if o.verify:
         check_devices(getattr(profile or o.verify_options, "devices", None))
     src = Path(source)
@@ -260,6 +262,7 @@ def convert_one(source, out_dir, options: Optional[ConvertOptions] = None, *, pr
 
     kinds = [k for k in BUILT if k != PT2 or o.program]
     blobs = {k: EXPORTERS[k](conv.policy, o.opset, batch.writer) for k in kinds}
+    blobs.update({k: b for t in o.targets for k, b in TARGETS[t](conv.policy, o.opset, batch.writer).items()})
     res = ConvertResult(source=src, out_dir=out, stem=arts.stem, conversion=conv, reference=reference)
     make_dirs(out)
     # the set is written and verified as one: a lock on OUT/<stem> (see artifacts.locked), and every

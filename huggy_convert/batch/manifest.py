@@ -194,10 +194,13 @@ def options_record(o: ConvertOptions, light, full) -> dict:
         d["devices"] = list(v.devices) if v.devices else None
         return json.loads(json.dumps(d, sort_keys=True))
 
-    return {"opset": o.opset, "obs_sizes": list(o.obs_sizes) if o.obs_sizes else None, "program": o.program,
-            "divisor": o.divisor,
-            "verify": o.verify, "verify_batch": vo(light) if o.verify else None,
-            "verify_newest": vo(full) if o.verify else None}
+    rec = {"opset": o.opset, "obs_sizes": list(o.obs_sizes) if o.obs_sizes else None, "program": o.program,
+           "divisor": o.divisor,
+           "verify": o.verify, "verify_batch": vo(light) if o.verify else None,
+           "verify_newest": vo(full) if o.verify else None}
+    if o.targets:  # the deploy targets written beside them (--targets; absent: none, as before)
+        rec["targets"] = list(o.targets)
+    return rec
 
 
 def recorded_profiles(out: Path) -> Dict[str, str]:

@@ -93,6 +93,7 @@ from ..core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locke
 from ..core.version import __version__
 from ..errors import InputError
 from ..exporters.pt2 import ProgramWriter
+from ..exporters.registry import require_targets
 from ..host import host_info
 from ..pipeline import ConvertOptions, default_reference, prepare_conversion
 from ..verify.engine import check_devices, check_tolerance_outputs, named_tolerances
@@ -147,6 +148,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     reporting warnings and each finished checkpoint through ``events`` as it goes."""
     t0 = time.perf_counter()
     o = options or ConvertOptions()
+    require_targets(o.targets)  # a deploy target's missing extra: one line, before anything is written
     source, out = Path(source), Path(out)
     if o.reference:
         raise InputError("--reference names one official ONNX; with a run directory each checkpoint is verified "

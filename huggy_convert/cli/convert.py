@@ -18,8 +18,8 @@ from ..conformance.target import apply_target
 from ..core.artifacts import ONNX
 from ..pipeline import ConvertOptions, convert_one, to_checkpoint
 from . import render
-from .options import (GLOBAL_STEP, target_opt, targeted_opset, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command, json_opt, parse_obs_sizes, range_text,
-                      tolerance_options, verbosity_opts, verify_options)
+from .options import (GLOBAL_STEP, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command, json_opt, parse_obs_sizes, range_text,
+                      target_opt, targeted_opset, targets_option, tolerance_options, verbosity_opts, verify_options)
 
 
 @click.command("convert", cls=Command, subject="source",
@@ -36,6 +36,7 @@ from .options import (GLOBAL_STEP, target_opt, targeted_opset, JOBS, JOBS_RANGE,
               "uses the IEEE value (the same bytes on every machine)")
 @click.option("--no-verify", is_flag=True, help="skip verification")
 @click.option("--no-program", is_flag=True, help="do not write <stem>.pt2")
+@targets_option
 @click.option("--obs-sizes", help="split of the observation width, e.g. 8,5 (only needed for normalize:false "
               "policies with several observations and no official ONNX); an image observation as CxHxW, e.g. "
               "3x84x84,6 (its height and width, where no official ONNX states them)")
@@ -45,8 +46,8 @@ from .options import (GLOBAL_STEP, target_opt, targeted_opset, JOBS, JOBS_RANGE,
 @json_opt
 @verbosity_opts
 @tolerance_options
-def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_program, obs_sizes, jobs, force, as_json,
-                quiet, verbose, atol, rtol, cosine, devices, dtypes):
+def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_program, targets, obs_sizes, jobs, force,
+                as_json, quiet, verbose, atol, rtol, cosine, devices, dtypes):
     """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/.
 
     It prints what it read, what it wrote and the verdict with the worst figure, last; the full
@@ -54,7 +55,8 @@ def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_pr
     command with -v; -q the verdict line only."""
     opset = targeted_opset(target, opset)
     opts = ConvertOptions(opset=opset, obs_sizes=parse_obs_sizes(obs_sizes) if obs_sizes else None,
-                          reference=reference, divisor=divisor, verify=not no_verify, program=not no_program,
+                          reference=reference, divisor=divisor, verify=not no_verify,
+                          program=not no_program and targets.program, targets=targets.extra,
                           verify_options=verify_options(atol, rtol, cosine, devices, dtypes))
     if source.is_dir():
         source = onnx_alone(source, out) or source  # a Hub download with only its <Behavior>.onnx: that file

@@ -25,8 +25,8 @@ from ..modes.matrix import list_cases, run_matrix
 from ..modes.precision import precision
 from ..modes.sources import DTYPES, load_source
 from ..modes.stats import rollout
-from .options import (target_opt, targeted_opset, DEVICE_HELP, ITERS, MAX_ROWS, OPSET, OPSET_HELP, REPEATS, ROWS, ROWS_RANGE, SOURCE_HELP, STEPS,
-                      STEPS_RANGE, THREADS, WARMUP, Command, device_opt, devices_opt, range_text,
+from .options import (DEVICE_HELP, target_opt, targeted_opset, ITERS, MAX_ROWS, OPSET, OPSET_HELP, REPEATS, ROWS, ROWS_RANGE, SOURCE_HELP, STEPS,
+                      STEPS_RANGE, THREADS, WARMUP, Command, TargetList, device_opt, devices_opt, range_text,
                       dtype_opt, json_opt, obs_opt, options, rows_opt, runtime_opt, seed_opt, source_arg)
 
 
@@ -190,11 +190,15 @@ def stats_cmd(source, steps, rows, stochastic, seed, device, dtype, runtime, as_
 @click.option("--iters", default=100, show_default=True, type=ITERS, help=f"timed runs, {range_text(ITERS)}")
 @click.option("--threads", default=1, show_default=True, type=THREADS,
               help=f"intra-op threads of torch and onnxruntime alike, {range_text(THREADS)}")
+@click.option("--targets", type=TargetList(deploy_only=True), default=None,
+              help="deploy targets timed beside them on the CPU (float32, the same threads), comma-separated: "
+                   "openvino, litert, executorch (each an optional extra: docs/targets.md)")
 @options(dtype_opt, seed_opt, json_opt)
-def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, dtype, seed, as_json):
+def benchmark_cmd(source, devices, runtimes, batches, warmup, iters, threads, targets, dtype, seed, as_json):
     """Load time, warm-up, then mean / p50 / p95 / p99 latency and memory (RSS delta; CUDA:
     torch.cuda.max_memory_allocated) per device and runtime."""
-    return benchmark(source, list(devices) or None, list(runtimes) or ALL, list(batches) or (1, 64),
+    timed = (list(runtimes) or list(ALL)) + list(targets.extra if targets else ())
+    return benchmark(source, list(devices) or None, timed, list(batches) or (1, 64),
                      Timing(dtype, warmup, iters, seed, threads))
 
 

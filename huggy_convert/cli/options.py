@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 import click
 
 from .. import contract as C
 from ..conformance.target import target_opset
+from ..contract import targets as T
 from ..console import step
 from ..contract.consumers import TARGETS_BY_NAME
 from ..errors import InputError, as_error
@@ -101,6 +102,40 @@ def parse_obs_sizes(text: str):
             raise InputError(f"--obs-sizes '{text}': '{part}' is neither a width nor a CxHxW shape")
         out.append(dims[0] if len(dims) == 1 else dims)
     return out
+
+
+class Targets(NamedTuple):
+    """``--targets``: whether the ``.pt2`` is written, and the deploy targets written beside it."""
+
+    program: bool = True
+    extra: Tuple[str, ...] = ()
+
+
+class TargetList(click.ParamType):
+    """``--targets onnx,pt2,openvino,...``: a comma-separated list of ``contract.targets`` kinds (the ``.onnx``
+    is written whether named or not: the verification reads it). ``deploy_only``: benchmark's (the deploy
+    targets timed beside onnxruntime and torch, which are always timed)."""
+
+    name = "LIST"
+
+    def __init__(self, deploy_only: bool = False):
+        self.known = T.TARGETS if deploy_only else T.CORE_TARGETS + T.TARGETS
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Targets):
+            return value
+        words = [w.strip().lower() for w in str(value).split(",") if w.strip()]
+        bad = [w for w in words if w not in self.known]
+        if bad or not words:
+            self.fail(f"{', '.join(bad) or 'nothing'}: not a target (choose from {', '.join(self.known)})", param, ctx)
+        return Targets("pt2" in words, tuple(t for t in T.TARGETS if t in words))
+
+
+TARGETS_HELP = (f"what to write beside the .safetensors, comma-separated: {', '.join(T.CORE_TARGETS + T.TARGETS)} "
+                "(the .onnx always: verification reads it; each deploy target is an optional extra, "
+                "pip install 'huggy-convert[openvino]', ...: docs/targets.md)")
+targets_option = click.option("--targets", type=TargetList(), default=",".join(T.DEFAULT_TARGETS),
+                              show_default=True, help=TARGETS_HELP)
 
 
 def verify_options(atol, rtol, cosine, devices, dtypes, rows=64, seed=0):

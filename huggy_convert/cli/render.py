@@ -334,7 +334,9 @@ def verification(recs, workers: str, as_json: bool, code: int, how: int = NORMAL
             click.echo(f"huggy-convert: verification failed: {r['subject']}: {r['first_failure']}", err=True)
     for r in done:
         if r["ok"] and not r["complete"]:
+            hint = "--checkpoint / --reference give the sources" if "check 4 " not in r["incomplete"] else \
+                "pip install 'huggy-convert[<target>]' runs the target again"
             click.echo(f"huggy-convert: verification incomplete: {r['subject']}: {r['incomplete']} (exit "
-                       f"{EXIT_INCOMPLETE}; --checkpoint / --reference give the sources)", err=True)
+                       f"{EXIT_INCOMPLETE}; {hint})", err=True)
     for e in errors[1 if not as_json else 0:]:
         click.echo(error_line(e["line"]), err=True)

@@ -20,6 +20,19 @@ OPENVINO_BIN = ".bin"
 LITERT_SUFFIX = ".tflite"
 EXECUTORCH_SUFFIX = ".pte"
 SUFFIXES = {OPENVINO: (OPENVINO_XML, OPENVINO_BIN), LITERT: (LITERT_SUFFIX,), EXECUTORCH: (EXECUTORCH_SUFFIX,)}
+# each file as an artifact kind of a set (``core.artifacts.SUFFIXES``, the keys a report records): the
+# target's name for its first file, ``<target>_<ext>`` for a second one
+FILE_KINDS = {t: {(t if i == 0 else f"{t}_{s.lstrip('.')}"): s for i, s in enumerate(SUFFIXES[t])} for t in TARGETS}
+# the kinds ``--targets`` names beside the deploy targets (``.safetensors`` is always written; the ``.onnx``
+# too: the verification reads it), and the default set
+CORE_TARGETS = ("onnx", "pt2")
+DEFAULT_TARGETS = CORE_TARGETS
+
+# measured (docs/targets.md): the runtimes whose two runs of a feed give the same bytes (check 4 runs them twice),
+# and the converters whose files are the same bytes in any process (``verify OUT/`` regenerates and compares them;
+# the others: their outputs are checked)
+DETERMINISTIC = frozenset(TARGETS)
+REPRODUCIBLE = frozenset(TARGETS)
 
 # the module each needs importable (converter and runtime), and what to install where it is not
 MODULES = {

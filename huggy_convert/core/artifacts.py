@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List
 
+from ..contract import targets as _targets
 from ..errors import OutputError, from_os_error
 from .files import NAME_MAX, TEMPORARY_SUFFIX, atomic_write_bytes, temporary_key
 
@@ -24,6 +25,12 @@ SAFETENSORS, ONNX, PT2, REPORT, GOLDEN = "safetensors", "onnx", "pt2", "report",
 SUFFIXES: Dict[str, str] = {SAFETENSORS: ".safetensors", ONNX: ".onnx", PT2: ".pt2", REPORT: ".verify.json",
                             GOLDEN: ".golden.npz"}
 BUILT = (SAFETENSORS, ONNX, PT2)  # made from the policy; REPORT and GOLDEN come from the verification
+# the deploy targets' files (issue 27: OpenVINO's .xml + .bin, LiteRT's .tflite, ExecuTorch's .pte), written
+# when asked (``--targets``): target -> {kind: suffix}
+TARGET_KINDS: Dict[str, Dict[str, str]] = {t: dict(k) for t, k in _targets.FILE_KINDS.items()}
+for _kinds in TARGET_KINDS.values():
+    SUFFIXES.update(_kinds)
+TARGET_OF: Dict[str, str] = {k: t for t, ks in TARGET_KINDS.items() for k in ks}  # a target file's kind -> target
 
 
 def sha256_bytes(data: bytes) -> str:

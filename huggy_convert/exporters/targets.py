@@ -109,12 +109,16 @@ def openvino_model(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT):
 
 
 def _stable_names(model) -> None:
-    """The nodes OpenVINO names itself (``<Type>_<n>``, n from a process-wide counter) renamed by their place in
-    the graph, so the same policy gives the same ``.xml`` bytes in any process, on any call."""
+    """The nodes OpenVINO names itself (``<Type>_<n>``, n from a process-wide counter that reading or compiling
+    another model advances too; a folded constant keeps the counted name of the op it came from) renamed by
+    their place in the graph, so the same policy gives the same ``.xml`` bytes in any process, on any call."""
     for i, op in enumerate(model.get_ordered_ops()):
-        kind = op.get_type_name()
-        if re.fullmatch(re.escape(kind) + r"_\d+", op.get_friendly_name()):
-            op.set_friendly_name(f"{kind}_{i}")
+        if op.get_type_name() in ("Parameter", "Result"):  # the policy's inputs and outputs keep their names
+            continue
+        # ``<Type>_<n>`` of any type: a constant folded from a Reshape or a Concat keeps that op's counted name
+        m = re.fullmatch(r"([A-Z][A-Za-z0-9]*)_\d+", op.get_friendly_name())
+        if m:
+            op.set_friendly_name(f"{m.group(1)}_{i}")
 
 
 def openvino_files(policy: Policy, opset: int = C.ONNX_OPSET_DEFAULT, writer=None) -> Dict[str, bytes]:

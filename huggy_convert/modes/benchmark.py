@@ -4,10 +4,17 @@ and runtime (torch eager, onnxruntime), both runtimes on the same number of CPU 
 ``threads`` defaults to 1: the setting the verifier and ``benchmarks/latency.py`` use, the one whose
 figures repeat on a shared machine (torch's spinning intra-op threads collapse when the cores are
 busy), and the one that compares like with like (onnxruntime's CPU sessions here run one intra-op
-thread). More threads measure both runtimes with that many intra-op threads each."""
+thread). More threads measure both runtimes with that many intra-op threads each.
+
+The deploy targets (issue 27: ``openvino``, ``litert``, ``executorch``; ``benchmark --targets``) are timed as
+runtimes beside them, on the CPU, in float32, on the same threads: the policy exported for the target
+(``runtime.targets.build_target``), its runtime timed the same way; a target whose extra is missing is a row
+skipped with the line saying what to install."""
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +22,11 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..contract.targets import TARGETS
 from ..errors import HuggyError, InputError
 from ..exporters.devices import resolve_device
 from ..runtime import INTRA_OP_THREADS, ort_session, torch_threads
+from ..runtime.targets import build_target
 from .common import ModeResult, percentiles, rss_bytes, time_calls
 from .sources import (RUNTIME_ORT, RUNTIME_TORCH, Source, devices_present, load_source, make_feed,
                       make_runner)
@@ -80,7 +89,7 @@ def _run_one(path: Path, src: Optional[Source], dev: str, rt: str, batches, timi
             _cuda_reset(resolve_device(dev))
         t0 = time.perf_counter()
         s = load_source(path) if src is None else src
-        runner = make_runner(s, dev, timing.dtype, rt)
+        runner = _target(s, dev, rt, timing) if rt in TARGETS else make_runner(s, dev, timing.dtype, rt)
         if rt == RUNTIME_ORT and runner.device == "cpu" and timing.threads != INTRA_OP_THREADS:
             runner.session = ort_session(runner.model, threads=timing.threads)  # torch's thread count
         load_s = (time.perf_counter() - t0) if src is None else s.load_seconds + runner.build_seconds
@@ -101,6 +110,17 @@ def _run_one(path: Path, src: Optional[Source], dev: str, rt: str, batches, timi
         row["cuda_max_memory_allocated_mb"] = peak
     row["outputs_finite"] = finite
     return row
+
+
+def _target(s: Source, dev: str, target: str, timing: Timing):
+    """A deploy target's runner for ``s``'s policy (its files made in memory by its exporter): CPU, float32."""
+    if dev.split(":")[0] != "cpu" or timing.dtype != "float32":
+        raise InputError(f"the {target} target runs float32 on the CPU (not {dev} {timing.dtype})")
+    if not s.has_tensors:
+        raise InputError(f"the {target} target is exported from canonical tensors: none recovered from this ONNX "
+                         f"({s.unrecovered})")
+    with contextlib.redirect_stdout(io.StringIO()):  # a converter's progress lines: stdout is ours (--json)
+        return build_target(target, s.policy, timing.threads)[1]
 
 
 def _benchmark(path, devices, runtimes, batches, timing: Timing, src) -> ModeResult:
@@ -130,7 +150,8 @@ def _benchmark(path, devices, runtimes, batches, timing: Timing, src) -> ModeRes
 def _render(r: ModeResult, first: Source, rows: List[Dict], timing: Timing) -> None:
     t = timing
     r.lines.append(f"benchmark {first.label}: {t.dtype}, warm-up {t.warmup}, {t.iters} timed calls per batch size, "
-                   f"{t.threads} CPU thread{'s' if t.threads > 1 else ''} for torch and onnxruntime alike")
+                   f"{t.threads} CPU thread{'s' if t.threads > 1 else ''} for torch and onnxruntime alike"
+                   + (" and the deploy targets" if any(x["runtime"] in TARGETS for x in rows) else ""))
     r.lines.append(f"  {'device':<8} {'runtime':<12} {'batch':>5} {'mean':>9} {'p50':>9} {'p95':>9} {'p99':>9}  load, RSS")
     for x in rows:
         if "skipped" in x:

@@ -7,9 +7,14 @@ from functools import partial
 import numpy as np
 
 from .. import contract as C
+from ..contract.targets import TARGETS
+from ..core.artifacts import TARGET_OF
 from ..exporters.devices import resolve_device
+from ..exporters.targets import missing
 from ..exporters.torch_module import build_module, export_program, save_program
+from ..pipeline import ConvertOptions, convert_one
 from ..runtime import ModuleRunner, ProgramRunner
+from ..verify import VerifyOptions
 from ..verify.checks import check_onnx_structure
 from .benchmark import Timing, benchmark
 from .export import export
@@ -259,3 +264,26 @@ def c_ep(m):
     feed = make_feed(m.src(m.off), "probes", 64, 0)
     a, b = m.det(m.off, feed), m.det(m.off, feed, device="cuda")
     return m.agree(m.ck, feed, a, b, [main_output(m.spec)])
+
+
+def c_target(m, target):
+    """Convert the input with a deploy target (issue 27) and verify it: its runtime within the derived float32
+    bound (check 4, twice bitwise), its files as written (check 6)."""
+    line = missing(target)
+    if line:
+        raise Skip(line)
+    res = convert_one(m.ck, m.out / target, ConvertOptions(program=False, targets=(target,),
+                                                           verify_options=VerifyOptions(dtypes=("float32",))))
+    rep = res.report
+    mine = [ch for ch in rep.check("runtimes").children if ch.title.startswith(f"{target}:")]
+    files = [a["file"] for k, a in res.artifacts.items() if k in TARGET_OF]
+    return Outcome(rep.ok and len(mine) == 1 and mine[0].status == "pass",
+                   {"verdict": rep.verdict, "files": files,
+                    "error_bound": mine[0].figures.get("max_bound_ratio") if mine else None})
+
+
+for _target in TARGETS:
+    case(10, f"deploy target {_target}: convert --targets {_target}, verify passes (derived float32 bound, "
+         "two runs bitwise, files as written)",
+         lambda m, t=_target: f"huggy-convert {m.p(m.ck)} {m.p(m.out)}/{t}/ --targets onnx,{t}", quick=False)(
+        partial(c_target, target=_target))

@@ -17,7 +17,7 @@ import onnx
 from ..converter.policy_file import loads
 from ..converter.reference import describe as describe_divisor
 from ..converter.reference import divisor_record
-from ..core.artifacts import BUILT, GOLDEN, ONNX, PT2, SAFETENSORS, ArtifactSet, sha256_bytes
+from ..core.artifacts import BUILT, GOLDEN, ONNX, PT2, SAFETENSORS, TARGET_OF, ArtifactSet, sha256_bytes
 from ..core.files import atomic_write_bytes, read_input_file
 from ..core.policy import Policy
 from ..core.version import __version__
@@ -34,6 +34,7 @@ from .record import (CHECK_IDS, Record, Reference, Regenerate, Written, check_fi
                      source_record)
 from .report import FAIL, SKIP, Check, Report
 from .runtimes import check_devices, check_runtimes
+from .targets import not_installed
 
 __all__ = ["verify", "environment", "report_bytes", "write_report", "VerifyOptions", "Reference", "Record",
            "Written", "Context", "compare_with_official", "load_golden", "check_tolerance_outputs",
@@ -130,7 +131,8 @@ def _read_files(job: _Job, written: Optional[Written]):
     it cannot be read), or a report whose check 1 fails on a ``.safetensors`` missing or unreadable."""
     artifacts, files, unreadable = job.artifacts, {}, {}
     sums = written.sha256 if written is not None else None
-    for kind in list(BUILT) + ([GOLDEN] if job.again and sums and GOLDEN in sums else []):
+    targets = [k for k in TARGET_OF if sums and k in sums]  # the deploy targets' files its conversion wrote
+    for kind in list(BUILT) + targets + ([GOLDEN] if job.again and sums and GOLDEN in sums else []):
         if not os.path.lexists(artifacts.path(kind)):
             if kind == SAFETENSORS:
                 return job.fail_1(f"{artifacts.name(kind)} is missing"
@@ -182,11 +184,13 @@ def _verify(job: _Job) -> Report:
     if policy.spec.normalize and decision:
         rep.notes.append(f"divisor: {describe_divisor(decision)}")
     ctx = _check_2_3(job, policy, rebuilt, files)
-    c4, cpu32 = check_runtimes(ctx, artifacts, job.devices, job.extra_modules, files.get(PT2))  # 4
+    targets = {k: v for k, v in files.items() if k in TARGET_OF}
+    c4, cpu32 = check_runtimes(ctx, artifacts, job.devices, job.extra_modules, files.get(PT2), targets)  # 4
     rep.checks.append(c4)
+    rep.not_run.extend(not_installed(targets))  # a deploy target's runs that its extra's absence here leaves out
     rep.checks.append(check_fingerprints(ctx, job.devices, cpu32))  # 5
     # 6: the files themselves (a .pt2 that check 4 did not run: its bytes regenerated from the policy read back)
-    kinds = (ONNX, PT2) if job.again else () if o.program_load else (PT2,)
+    kinds = (ONNX, PT2) + tuple(targets) if job.again else () if o.program_load else (PT2,)
     damaged = job.record.damaged if job.again and job.record is not None else ""
     rep.checks.append(check_files(artifacts, files, written, Regenerate(kinds, policy, rebuilt, job.writer),
                                   unreadable, damaged))

@@ -21,6 +21,7 @@ from ..runtime.base import Runner
 from .bounds import judge
 from .compare import DEFAULT_TOLERANCES, Tolerance, array_stats, stats_text
 from .report import FAIL, PASS, SKIP, WARN, Check
+from .targets import check_targets
 
 
 def _diagnose(outputs: Dict[str, np.ndarray], zero_outputs: Dict[str, np.ndarray], normalizer_dtypes: Dict[str, str]) -> str:
@@ -164,11 +165,12 @@ class _Runs:
 
 
 def check_runtimes(ctx, artifacts: ArtifactSet, devices: Sequence[str], extra_modules: Sequence = (),
-                   program: Optional[bytes] = None):
+                   program: Optional[bytes] = None, targets: Optional[Dict[str, bytes]] = None):
     """Check 4: every float32 runtime (onnxruntime on the rebuilt and official files: ``ctx``'s runners,
     their runs shared with check 3; the torch module on every device and dtype; the ``.pt2`` through
-    ``torch.export.load``: ``program``, its bytes already read) against the float64 reference of the
-    canonical tensors; returns (the check, the cpu float32 module's runner for check 5)."""
+    ``torch.export.load``: ``program``, its bytes already read; the deploy targets' files, ``targets``: kind ->
+    bytes, ``verify.targets``) against the float64 reference of the canonical tensors; returns (the check,
+    the cpu float32 module's runner for check 5)."""
     feed_name = next(iter(ctx.feeds))
     runs = _Runs(ctx, feed_name)
     c4 = Check("4 runtimes vs the float64 reference", id="runtimes")
@@ -191,6 +193,8 @@ def check_runtimes(ctx, artifacts: ArtifactSet, devices: Sequence[str], extra_mo
         except Exception as exc:
             c4.add(Check(f"saved program {pt2_path.name}", FAIL,
                          f"does not load with torch.export.load: {describe(exc)}"))
+    for c in check_targets(runs, artifacts, targets or {}):
+        c4.add(c)
     _summarize(c4, feed_name, runs.feed)
     return c4, cpu32
 
