@@ -46,7 +46,9 @@ def _converted(target, ck: Path, out: Path):
     assert rep["ok"] is True
     (run,) = [c for c in _check(rep, "runtimes")["checks"] if c["title"].startswith(f"{target}:")]
     assert run["status"] == "pass" and run["figures"]["dtype"] == "float32", run
-    assert 0 < run["figures"]["max_bound_ratio"] <= 1, run
+    ratio = run["figures"]["max_bound_ratio"]  # None: argmax outputs only (each pick as the reference's)
+    assert (0 < ratio <= 1) if ratio is not None else \
+        all(" equal" in c["summary"] for c in run["checks"] if c["title"] != "two runs bitwise"), run
     twice = next(c for c in run["checks"] if c["title"] == "two runs bitwise")
     assert twice["status"] == "pass", twice
     recorded = rep["recorded"]["artifacts"]
