@@ -160,9 +160,9 @@ def test_verify_is_concise_too(huggy_outputs):
 
 def test_a_batch_without_a_terminal_prints_progress_at_a_steady_interval(tmp_path, monkeypatch):
     """Every 10 s by default (``render.PROGRESS_INTERVAL``; the tests' conftest turns them off through
-    ``HUGGY_CONVERT_PROGRESS_INTERVAL=0``, here 0.05 s); -q: none."""
+    ``HUGGY_CONVERT_PROGRESS_INTERVAL=0``, here 1 ms: a tick however fast the machine converts); -q: none."""
     assert render.PROGRESS_INTERVAL == 10.0
-    monkeypatch.setenv(render.PROGRESS_ENV, "0.05")
+    monkeypatch.setenv(render.PROGRESS_ENV, "0.001")
     r = CliRunner().invoke(main, [str(SMALL_RUN), str(tmp_path / "o"), "--jobs", "1", "--no-program"])
     assert r.exit_code == 0, r.output
     ticks = [x for x in r.stderr.splitlines() if x.startswith("huggy-convert: converting ")]
