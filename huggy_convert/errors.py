@@ -75,12 +75,6 @@ class DeviceError(HuggyError):
     """A device or dtype that is not available here (e.g. npu without torch_npu)."""
 
 
-class VerificationError(HuggyError):
-    """One or more verification checks failed."""
-
-    exit_code = EXIT_VERIFY_FAILED
-
-
 class OutputError(HuggyError, OSError):
     """An output cannot be written: an unwritable, full or missing folder, a name too long, ... It is
     an ``OSError`` too (with the original ``errno``), so a library caller's ``except OSError`` holds."""
