@@ -38,6 +38,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
 
+from .unity import (ACTION_MASKS as _MASKS, OUT_CONT as _C, OUT_CONT_DET as _CD, OUT_CONT_SHAPE as _CS,
+                    OUT_DISC as _D, OUT_DISC_DET as _DD, OUT_DISC_SHAPE as _DS, OUT_MEMORY as _M, OUT_VERSION as _V,
+                    RECURRENT_IN as _RI, RECURRENT_OUT as _RO)
+from .unity import OUTPUTS as _OUTPUTS
+
 # ML-Agents' API versions (SentisModelParamLoader.ModelApiVersion)
 API_VERSIONS = (2, 3)
 API_V1_NAMES = ("is_continuous_control", "action", "action_output_shape")  # the v1 outputs it still reads
@@ -97,9 +102,6 @@ BY_NAME = {c.name: c for c in CONSUMERS}
 SHARED_WINDOW = (11, 13)
 
 # --- What ML-Agents' loader reads, by name (SentisModelInfo.cs), for the rules in conformance/ ---------
-from .unity import (ACTION_MASKS as _MASKS, OUT_CONT as _C, OUT_CONT_DET as _CD, OUT_CONT_SHAPE as _CS,  # noqa: E402
-                    OUT_DISC as _D, OUT_DISC_DET as _DD, OUT_DISC_SHAPE as _DS, OUT_MEMORY as _M, OUT_VERSION as _V,
-                    RECURRENT_IN as _RI, RECURRENT_OUT as _RO)
 
 
 class Head(NamedTuple):
@@ -120,8 +122,6 @@ FLOAT_CONSTANTS = (_V, _M)  # read as Tensor<float> at load; missing: "Required 
 HEADS = (Head("continuous", _C, _CD, _CS), Head("discrete", _D, _DD, _DS, _MASKS))
 V2_MARKS = (_C, _D)  # CheckSupportsContinuousAndDiscrete: an output containing either name
 ACTION_OUTPUTS = (_C, _D, _CD, _DD, API_V1_NAMES[1])  # "The model does not contain any Action Output Node"
-from .unity import OUTPUTS as _OUTPUTS  # noqa: E402
-
 UNITY_OUTPUTS = _OUTPUTS  # every output name an ML-Agents policy has
 
 
