@@ -52,6 +52,7 @@ class ModelFacts:
     checker: Optional[str] = None  # onnx.checker's complaint, if any
     zero_run: Dict[str, np.ndarray] = field(default_factory=dict)
     zero_run_error: Optional[str] = None
+    model: Optional[object] = field(default=None, repr=False)  # the onnx.ModelProto read (what atc_plan reads too)
 
     def output(self, name: str) -> Optional[Tensor]:
         return next((t for t in self.outputs if t.name == name), None)
@@ -218,6 +219,7 @@ def read_facts(path, run: bool = True) -> ModelFacts:
         external=external, missing_external=missing,
         not_computed=[o.name for o in model.graph.output if o.name not in known])
     facts.constants, facts.bare_constants = _constants(model)
+    facts.model = model
     facts.unconnected = [n for n in _unconnected(model) if n not in facts.not_computed]
     try:
         onnx.checker.check_model(model, full_check=False)

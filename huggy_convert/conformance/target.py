@@ -69,13 +69,11 @@ class TargetOutcome:
 def apply_target(name: str, onnx_path, spec) -> TargetOutcome:
     """The written ``onnx_path`` checked for target ``name``; for an Ascend target, its ``atc`` plan for the
     target's CANN and the ``--keep_dtype`` file written beside the model (where the policy has nodes to keep)."""
-    import onnx
-
     t = target_named(name)
     path = Path(onnx_path)
     outcome = TargetOutcome(t, check_file(path, t.consumers))
     if t.cann:
-        plan = atc_plan(onnx.load(str(path)), path, spec, cann=t.cann)
+        plan = atc_plan(outcome.check.facts.model, path, spec, cann=t.cann)  # the file as check read it, once
         outcome.atc = plan
         if plan["keep_dtype_file"]:
             keep = Path(plan["keep_dtype_file"])
