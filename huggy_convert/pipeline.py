@@ -5,6 +5,7 @@ renamed, so a bad input leaves nothing in OUT and a kill never leaves a half fil
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from .core.policy import Policy
 from .errors import InputError
 from .exporters.atc import atc_plan
 from .exporters.registry import EXPORTERS, TARGETS, require_targets
-from .importers import checkpoint_from_onnx, is_onnx_source, read_source
+from .importers import checkpoint_from_onnx, foreign_format, is_onnx_source, read_source
 from .verify import Reference, VerifyOptions, verify
 from .verify.engine import check_devices, check_tolerance_outputs, report_bytes, source_record
 from .verify.record import Written
@@ -90,7 +91,10 @@ class ConvertResult:
 
 def default_reference(ckpt_path: Path) -> Optional[Path]:
     """ML-Agents writes ``<stem>.onnx`` beside every ``<stem>.pt`` (not beside its checkpoint.pt). An ONNX
-    source is its own reference: the policy recovered from it is verified against it."""
+    source is its own reference: the policy recovered from it is verified against it. Another trainer's file
+    (an SB3 model zip) has none: no ML-Agents export of it exists."""
+    if foreign_format(ckpt_path):
+        return None
     p = ckpt_path.with_suffix(SUFFIXES[ONNX])
     try:
         return p if p.is_file() else None
@@ -290,6 +294,10 @@ def _verify_written(res: ConvertResult, sources, written, profile, batch: InBatc
     if ckpt.recovered is not None:
         rep.notes.insert(0, f"the policy was recovered from {src.name} (importers.from_onnx): verified against "
                             f"{reference.name if reference else 'no official ONNX'} as the official file")
+    elif ckpt.origin is not None and official is None:  # another trainer's file: no official ONNX exists
+        by = f"{ckpt.origin.get('format')} {ckpt.origin.get('version') or ''}".strip()
+        rep.notes.insert(0, f"{src.name} was written by {by}, which exports no ONNX: checks 2-3 have no official file "
+                            "to compare with; check 4 holds every runtime to the float64 reference of its arithmetic")
     elif official is None:
         rep.notes.insert(0, f"no official ONNX found beside {src.name} "
                             f"({src.with_suffix(SUFFIXES[ONNX]).name})"
@@ -355,6 +363,11 @@ def to_checkpoint(source, out_dir, global_step: Optional[int] = None) -> ToCheck
             raise InputError(f"to-checkpoint reads a canonical {SUFFIXES[SAFETENSORS]} policy (convert the "
                              f"checkpoint first: huggy-convert CKPT OUT/)", src)
         policy = load_policy(src)
+    origin = policy.metadata.get(C.MD_ORIGIN)
+    if origin:  # another trainer's policy: ML-Agents' trainer has none of its rules (activation, normalizer, actions)
+        raise InputError(f"to-checkpoint writes the trainer's {C.CHECKPOINT_FILE} this tool converts from; this "
+                         f"policy was trained with {json.loads(origin).get('format', 'another trainer')}, whose "
+                         "arithmetic that trainer does not have (keep training it where it was trained)", src)
     if global_step is None:
         recorded = policy.metadata.get("training_step", "")
         global_step = int(recorded) if recorded.isdigit() else 0

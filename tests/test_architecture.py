@@ -211,7 +211,9 @@ def test_each_block_declares_its_slice_of_the_spec(specs):
     assert not set(owner) & {f.name for f in CORE_FIELDS}
     assert owner == {"algorithm": "continuous", "continuous_size": "continuous", "discrete_branches": "discrete",
                      "memory_size": "memory", "attention_export": "attention", "vis_encode_type": "visual",
-                     "goal_conditioning": "goal", "goal_obs": "goal"}
+                     "goal_conditioning": "goal", "goal_obs": "goal", "source": "actor", "norm_rule": "normalizer",
+                     "norm_clip": "normalizer", "norm_eps": "normalizer", "action_rule": "continuous",
+                     "action_low": "continuous", "action_high": "continuous"}
     s = specs["hybrid_lstm"]
     assert (s.memory_size, s.encoding_size, s.discrete_branches, s.discrete_total, s.tanh_squash) == (8, 4, (3, 2), 5, False)
     assert specs["sac_discrete"].conditional_sigma and PolicySpec(**s.values()) == s
@@ -225,4 +227,4 @@ def test_each_block_declares_its_slice_of_the_spec(specs):
     assert list(s.summary()) == ["family", "algorithm", "obs_sizes", "normalize", "hidden_units", "num_layers",
                                  "continuous_size", "discrete_branches", "memory_size", "parameters"]
     assert s.family == "PPO actor: normalized obs 7+5 -> 2x16 swish, LSTM memory 8 -> continuous 3 + discrete 3x2"
-    assert s.stated() == {} and s.obs_kind(0) == "vector"
+    assert s.stated() == {"activation": "swish", "algorithm": "ppo"} and s.obs_kind(0) == "vector"

@@ -20,7 +20,7 @@ from ..core.artifacts import GOLDEN, REPORT, SAFETENSORS, SUFFIXES, ArtifactSet
 from ..core.spec import PolicySpec
 from ..errors import HuggyError, InputError, PolicyFileError, as_error
 from ..exporters.pt2 import ProgramWriter
-from ..importers import is_onnx_source, read_source
+from ..importers import checkpoint_from_sb3, is_onnx_source, is_sb3_zip, read_source
 from ..importers.from_onnx import checkpoint_from_onnx
 from ..importers.own import artifact_set, checkpoint_from_policy_file, is_policy_file
 from ..pipeline import ConvertOptions, load_reference, read_reference
@@ -184,6 +184,8 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) 
                 ckpt = checkpoint_from_onnx(path, model, data)
             elif is_policy_file(path):  # a set converted from a canonical file (importers.own)
                 ckpt = checkpoint_from_policy_file(path, data)
+            elif is_sb3_zip(path):  # another trainer's file (importers.sb3)
+                ckpt = checkpoint_from_sb3(path, data)
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (both
                 # drivers silence torch's warnings around the whole run: catch_warnings is not thread-safe)

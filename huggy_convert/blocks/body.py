@@ -1,14 +1,15 @@
 """The MLP body: ``[Linear, Swish] x num_layers``, Swish = ``x * sigmoid(x)`` exported as Sigmoid +
 Mul (ML-Agents' own form); the torch module runs it as one ``F.silu`` kernel, which rounds
 differently but inside the same derived bound. No residuals. The first layer's input
-width fixes the observation split where no normalizer does."""
+width fixes the observation split where no normalizer does. Another trainer's MLP (``activation``
+``tanh`` or ``relu``, stated by its importer: ``importers.sb3``) is the same loop with a Tanh or Relu."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import contract as C
 from ..core import torchcompat
-from ..core.bounds import Linear, affine, swish
+from ..core.bounds import Linear, affine, relu, swish, tanh
 from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
 from .base import ENCODE, Block, KeyRules
 
@@ -38,6 +39,8 @@ class Body(Block):
             r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), hidden, prev)
             prev = hidden
         record_body(r, shapes, hidden, num_layers)
+        if "activation" in r.stated:
+            r.fields["activation"] = r.stated["activation"]
 
     def state_template(self, spec):
         out, prev = {}, spec.encoded_width
@@ -56,9 +59,13 @@ class Body(Block):
 
     def onnx_encode(self, f: OnnxFlow) -> None:
         g = f.g
+        op = _ONNX_ACT.get(f.spec.activation)
         for layer in range(f.spec.num_layers):
             z = f.gemm(f.h, C.c_body(layer, "weight"), C.c_body(layer, "bias"), C.SCOPE_BODY_LAYER.format(j=2 * layer))
             act = C.SCOPE_BODY_LAYER.format(j=2 * layer + 1)
+            if op is not None:  # another trainer's activation: one node
+                f.h = g.node(op, [z], act)
+                continue
             s = g.node("Sigmoid", [z], act)
             f.h = g.node("Mul", [z, s], act)
 
@@ -72,12 +79,16 @@ class Body(Block):
                                     for layer in range(policy.spec.num_layers if self.active(policy.spec) else 0))
         # what the forward reads per call: the layers (never their tensors or parameter dicts: torch.export
         # and .to() swap those) and the kernels (an import inside the hook costs ~1 us a call)
-        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm, silu)
+        act = policy.spec.activation
+        module.fast[self.name] = (tuple(module.body), torch.addmv, torch.addmm,
+                                  silu if act == "swish" else _torch_act(act))
 
     def torch_row(self, module):
         import torch
 
         addmv, silu_, name = torch.addmv, torchcompat.inplace_silu(), self.name  # silu_: F.silu(.., True)'s own kernel
+        if module.spec.activation != "swish":
+            silu_ = _torch_act(module.spec.activation, True)
 
         def row(mod, h):
             for lin in mod.fast[name][0]:
@@ -111,15 +122,31 @@ class Body(Block):
 
     def reference_init(self, policy):
         T = policy.tensors
-        return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)]
+        return [Linear(T[C.c_body(k, "weight")], T[C.c_body(k, "bias")]) for k in range(policy.spec.num_layers)], \
+            policy.spec.activation
 
     def reference_encode(self, r: ReferenceFlow, w) -> None:
-        p = r.precision
-        for lin in w:
-            r.h = swish(affine(r.h, lin, r.bounds, p=p), p)
+        """Swish, Tanh (one rounding of torch's and onnxruntime's tanh: ``bounds.tanh``) or ReLU (exact)."""
+        p, (layers, act) = r.precision, w
+        for lin in layers:
+            z = affine(r.h, lin, r.bounds, p=p)
+            r.h = swish(z, p) if act == "swish" else tanh(z, p) if act == "tanh" else relu(z)
 
     # --- the run modes ----------------------------------------------------------------------
     onnx_weight_ops = ("Gemm", "MatMul")  # the heads' Gemms too: every Gemm's initializers are parameters
+
+
+_ONNX_ACT = {"tanh": "Tanh", "relu": "Relu"}  # the other activations' ONNX op (Swish: Sigmoid + Mul)
+
+
+def _torch_act(name: str, always_inplace: bool = False):
+    """``fn(z, inplace=False)`` for the body's ``tanh`` or ``relu`` (the in-place kernel with autograd off)."""
+    import torch
+
+    fn, fn_ = (torch.tanh, torch.tanh_) if name == "tanh" else (torch.relu, torch.relu_)
+    if always_inplace:
+        return fn_
+    return lambda z, inplace=False: fn_(z) if inplace else fn(z)
 
 
 def record_body(r: KeyRules, shapes, hidden: int, num_layers: int) -> None:

@@ -1,7 +1,13 @@
 """Vector observations and their normalizers: ``clamp((x - mean) / sqrt(variance / steps), -5, 5)``
 per observation, then one Concat. ``running_variance`` is a running sum of squares; the divisor is
 the policy's own float32 tensor (IEEE, or adopted from the official ONNX: ``converter.reference``),
-and the statistics stay float32 in every dtype (fp16 overflows them)."""
+and the statistics stay float32 in every dtype (fp16 overflows them).
+
+Stable-Baselines3's VecNormalize (``norm_rule`` ``vecnorm``) is the same graph with its own numbers:
+``clip((x - mean) / sqrt(var + eps), -clip_obs, clip_obs)``, which SB3 computes in float64 from float64
+statistics; the canonical policy holds them rounded once to float32 (the mean, and the divisor
+``sqrt(var + eps)`` as steps = 1 and variance = divisor², which gives it back bit for bit:
+``onnx_recover``), and the float64 reference bounds that rounding too (``reference_observe``)."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -13,7 +19,7 @@ from ..core import torchcompat
 from ..core.bounds import Bounded, clip, f64, stored
 from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
 from ..core.numerics import U32, ieee_divisor
-from ..core.spec import OBS_VECTOR
+from ..core.spec import OBS_VECTOR, SpecField
 from ..errors import InputError, SpecError
 from .base import OBSERVE, Block, KeyRules
 
@@ -26,10 +32,27 @@ def mean_std(policy, i: int):
     return mean, np.sqrt(T[C.c_norm(i, C.NORM_VAR)].astype(np.float64) / steps)
 
 
+def _check_rule(spec) -> None:
+    rules = (C.NORM_RULE_MLAGENTS, C.NORM_RULE_VECNORM)
+    if spec.norm_rule not in rules:
+        raise SpecError(f"spec field 'norm_rule' is {str(spec.norm_rule)[:40]!r}, not one of {', '.join(rules)}")
+    for name, lo in (("norm_clip", 0.0), ("norm_eps", -1.0)):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or not v > lo:
+            raise SpecError(f"spec field '{name}' is {str(v)[:40]!r}, not a finite number > {lo:g}")
+    if spec.norm_eps < 0:
+        raise SpecError(f"spec field 'norm_eps' is {spec.norm_eps!r}, not >= 0")
+
+
 class Normalizer(Block):
     name = "normalizer"
     stage = OBSERVE
     obs_rank, obs_kind, obs_dims = 1, OBS_VECTOR, "[batch, width]"
+    # the rule (ML-Agents' or SB3's VecNormalize), its clip and its epsilon: stated by the importer
+    spec_fields = (SpecField("norm_rule", 502, C.NORM_RULE_MLAGENTS, check=_check_rule,
+                             used=lambda v: v != C.NORM_RULE_MLAGENTS, stated=True),
+                   SpecField("norm_clip", 503, C.NORM_CLIP, used=lambda v: v != C.NORM_CLIP, decode=float, stated=True),
+                   SpecField("norm_eps", 504, 0.0, used=bool, decode=float, stated=True))
 
     def onnx_detect(self, g, found):
         """Normalized: a Sub (its mean) reads the first vector observation."""
@@ -78,6 +101,9 @@ class Normalizer(Block):
             if m.group(0) in r.remaining:
                 raise r.error(f"unexpected key '{m.group(0)}' (alias without its twin)")
         r.fields["normalize"] = bool(sizes)
+        for f in self.spec_fields:
+            if f.name in r.stated:
+                r.fields[f.name] = r.stated[f.name]
         r.state["obs_sizes"] = sizes  # the body decides the split when there are none (normalize: false)
         # every observation block records what it found: index -> (shape, encoded width)
         r.state.setdefault("observations", {}).update({i: ((n,), n) for i, n in zip(norm_idx, sizes)})
@@ -109,7 +135,7 @@ class Normalizer(Block):
         return spec.obs_total
 
     def encoders(self, spec) -> List[Dict[str, object]]:
-        how = "normalizer: clamp((x - mean) / sqrt(variance / steps), -5, 5)" if spec.normalize else "as is (no normalizer)"
+        how = _how(spec) if spec.normalize else "as is (no normalizer)"
         return [{"inputs": [C.OBS_INPUT.format(i=i)], "kind": "vector", "shape": [n], "encoder": how, "width": n,
                  "parameters": 0} for i, n in spec.vector_obs]
 
@@ -126,7 +152,7 @@ class Normalizer(Block):
                 div = g.init(C.NORM_DIVISOR_INIT.format(i=i), f.policy.divisor(i))
                 x = g.node("Sub", [x, mean], scope)
                 x = g.node("Div", [x, div], scope)
-                x = g.clip(x, -C.NORM_CLIP, C.NORM_CLIP, scope)
+                x = g.clip(x, -spec.norm_clip, spec.norm_clip, scope)
             f.encoded[i] = x
 
     def torch_init(self, module, policy, dtype, normalizer_dtype) -> None:
@@ -140,15 +166,16 @@ class Normalizer(Block):
                 module.pin(mean_key, policy.tensors[C.c_norm(i, C.NORM_MEAN)])
                 module.pin(div_key, policy.divisor(i))
                 keys.append((mean_key, div_key))
-        module.fast[self.name] = (tuple((i, C.OBS_INPUT.format(i=i)) for i, _ in spec.vector_obs), tuple(keys))
+        module.fast[self.name] = (tuple((i, C.OBS_INPUT.format(i=i)) for i, _ in spec.vector_obs), tuple(keys),
+                                  float(spec.norm_clip))
 
     def torch_row(self, module):
-        names, norm_keys = module.fast[self.name]
-        return {i: _normalize_inplace(norm_keys[j] if norm_keys else None) for j, (i, _) in enumerate(names)}
+        names, norm_keys, clip = module.fast[self.name]
+        return {i: _normalize_inplace(norm_keys[j] if norm_keys else None, clip) for j, (i, _) in enumerate(names)}
 
     def torch_observe(self, f: TorchFlow) -> None:
         mod = f.module
-        names, norm_keys = mod.fast[self.name]
+        names, norm_keys, clip = mod.fast[self.name]
         feed, encoded = f.feed, f.encoded
         if f.inplace:  # the in-place form (torch_row), for any batch
             rows = mod.rows[self.name]
@@ -162,7 +189,7 @@ class Normalizer(Block):
                 mean_key, div_key = norm_keys[j]
                 if x.dtype != ndt:
                     x = x.to(ndt)
-                x = ((x - bufs[mean_key]) / bufs[div_key]).clamp(-C.NORM_CLIP, C.NORM_CLIP)
+                x = ((x - bufs[mean_key]) / bufs[div_key]).clamp(-clip, clip)
             if x.dtype != cdt:
                 x = x.to(cdt)
             encoded[i] = x
@@ -171,23 +198,26 @@ class Normalizer(Block):
         spec = policy.spec
         if not spec.normalize:
             return [i for i, _ in spec.vector_obs], None
-
-        return [i for i, _ in spec.vector_obs], {i: (f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i)))
-                                                 for i, _ in spec.vector_obs}
+        stats = {i: (f64(policy.tensors[C.c_norm(i, C.NORM_MEAN)]), f64(policy.divisor(i))) for i, _ in spec.vector_obs}
+        return [i for i, _ in spec.vector_obs], stats, float(spec.norm_clip), spec.norm_rule == C.NORM_RULE_VECNORM
 
     def reference_observe(self, r: ReferenceFlow, w) -> None:
         """The subtraction and division add ``2 u |q|``; inputs are float32 and exact. The normalizer runs
         in float32 in every dtype (``torch_observe``: the pinned float32 buffers), so ``u`` is float32's
         whatever the runtime's format; a half runtime then casts its output (or the raw observation,
         without a normalizer) to its format: one rounding of that format (``bounds.stored``)."""
-        indices, norm = w
+        indices, norm = w[:2]
         for i in indices:
             x = f64(r.feed[C.OBS_INPUT.format(i=i)])
             if norm is not None:
                 mean, div = norm[i]
+                lim, rounded = w[2:]
                 q = (x - mean) / div
-                b = clip(Bounded(q, 2 * U32 * np.abs(q) * (1 + U32) if r.bounds else np.zeros_like(q)),
-                         -C.NORM_CLIP, C.NORM_CLIP)
+                err = 2 * U32 * np.abs(q) * (1 + U32)
+                if rounded:  # VecNormalize's float64 mean and sqrt(var + eps), each rounded once to float32:
+                    # |q64 - q| <= u (|mean| / div (1 + 2u) + |q|), and SB3's own rounding of q64 is within err
+                    err = err + U32 * (np.abs(mean) / div * (1 + 2 * U32) + np.abs(q))
+                b = clip(Bounded(q, err if r.bounds else np.zeros_like(q)), -lim, lim)
             else:
                 b = Bounded.exact(x)
             r.encoded[i] = stored(b, r.precision) if r.bounds else b
@@ -257,12 +287,20 @@ class Normalizer(Block):
         return feed
 
 
-def _normalize_inplace(keys):
+def _how(spec) -> str:
+    """What the normalizer computes, in words (``info``'s encoders)."""
+    c = f"{spec.norm_clip:g}"
+    if spec.norm_rule == C.NORM_RULE_VECNORM:
+        return (f"VecNormalize: clip((x - mean) / sqrt(var + {spec.norm_eps:g}), -{c}, {c}), its float64 statistics "
+                "rounded to float32")
+    return f"normalizer: clamp((x - mean) / sqrt(variance / steps), -{c}, {c})"
+
+
+def _normalize_inplace(keys, clip: float):
     """One observation's normalizer with autograd off: ``x - mean`` then in place ``/ divisor`` and the
     clip (the same arithmetic and bits as the functional form, fewer allocations), in the pinned
     (float32) dtype, then cast to the compute dtype; ``keys``: its (mean, divisor) buffer names, or
-    None without normalization."""
-    clip = C.NORM_CLIP
+    None without normalization; ``clip``: the spec's ``norm_clip``."""
 
     def row(mod, x):
         if keys is not None:

@@ -14,3 +14,4 @@ from .canonical import *  # noqa: F401,F403
 from .hub import *  # noqa: F401,F403
 from .mlagents import *  # noqa: F401,F403
 from .unity import *  # noqa: F401,F403
+from .sb3 import *  # noqa: F401,F403

@@ -71,6 +71,7 @@ FORMAT_NAME = "huggy-convert/policy"
 FORMAT_VERSION = "2"  # 2 adds obs.{i}.normalizer.divisor and the "divisor" metadata
 FORMAT_VERSIONS_READ = ("1", "2")  # a version-1 file gets the IEEE divisor when read
 MD_DIVISOR = "divisor"  # metadata: where the divisor came from (JSON, see converter.reference)
+MD_ORIGIN = "trained_with"  # metadata: another trainer's file a policy was read from (JSON, see importers.sb3)
 MD_RECOVERED = "recovered_from"  # metadata: the ONNX a policy was recovered from (JSON, see importers.from_onnx)
 ONNX_META_DIVISOR = "huggy_convert.divisor"  # the same record in the rebuilt ONNX's metadata_props
 DIVISOR_MODES = ("auto", "ieee")  # auto: adopt an official divisor within 1 ulp of IEEE; ieee: never

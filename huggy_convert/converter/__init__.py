@@ -32,10 +32,12 @@ def policy_from_checkpoint(ckpt: Checkpoint, obs_sizes: Optional[Sequence[int]] 
     if own is not None:  # a canonical file: its spec states what no tensor says, as its ONNX would
         mapped = map_policy_as(ckpt.policy, own, ckpt.path)
     else:
+        if ckpt.fields:  # another trainer's file states its rules itself
+            stated = {**(stated or {}), **ckpt.fields}
         mapped = map_policy(ckpt.policy, ckpt.path, obs_sizes=obs_sizes if obs_sizes is not None else ckpt.obs_sizes,
                             stated=stated, inputs=input_hints(official if official is not None else hints_from))
     md = build_metadata(mapped, source_name=ckpt.path.name, source_sha256=ckpt.sha256, step=ckpt.global_step,
-                        recovered=ckpt.recovered)
+                        recovered=ckpt.recovered, origin=ckpt.origin)
     policy, _ = reconcile_divisors(Policy(mapped.spec, mapped.tensors, mapped.sources, md), official, divisor,
                                    reference_name, reference_sha256)
     if own is not None and official is None and divisor == "auto":  # no ONNX beside a canonical file

@@ -33,6 +33,10 @@ class Checkpoint:
     recovered: Optional[Dict[str, object]] = None
     obs_sizes: Optional[Tuple[int, ...]] = None  # the split the file states where the state dict cannot (an ONNX's inputs)
     stated: Optional[Policy] = None  # a canonical file's policy (importers.own): what no tensor here says
+    # another trainer's file (importers.sb3): the spec fields it states that no tensor does (its rules:
+    # activation, normalizer, action mapping), and what it was (format, version, what it does not hold)
+    fields: Optional[Dict[str, object]] = None
+    origin: Optional[Dict[str, object]] = None
 
 
 _PICKLE_OPCODES = {ord(op.code): op.name for op in pickletools.opcodes}

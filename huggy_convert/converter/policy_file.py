@@ -33,7 +33,8 @@ from .reference import reconcile_divisors
 
 
 def build_metadata(mapped: MappedPolicy, *, source_name: str, source_sha256: str, step: Optional[int],
-                   recovered: Optional[Dict[str, object]] = None) -> Dict[str, str]:
+                   recovered: Optional[Dict[str, object]] = None,
+                   origin: Optional[Dict[str, object]] = None) -> Dict[str, str]:
     """The canonical file's metadata for ``mapped`` (``converter.mapping.MappedPolicy``: its spec, where each
     tensor came from, the keys ignored, the original dtypes, the exact step counts) from ``source_name``."""
     import safetensors
@@ -57,6 +58,8 @@ def build_metadata(mapped: MappedPolicy, *, source_name: str, source_sha256: str
     }
     if recovered is not None:  # an ONNX-only policy (importers.from_onnx): what it holds instead of the sums
         md[C.MD_RECOVERED] = j(recovered)
+    if origin is not None:  # another trainer's file (importers.sb3): what it was, what it does not hold
+        md[C.MD_ORIGIN] = j(origin)
     return md
 
 

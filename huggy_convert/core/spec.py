@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InternalError, SpecError
 from .flow import InputHint, IOSignature
 
-ACTIVATIONS = ("swish",)
+ACTIVATIONS = ("swish", "tanh", "relu")  # ML-Agents' Swish; Tanh and ReLU: other trainers' MLPs
 MAX_WIDTH = 1 << 20  # any width (an observation, the hidden layer, an action head, the memory): far past any actor
 MAX_LAYERS = 64
 OBS_VECTOR = "vector"  # the kind of a rank-1 observation; the other kinds, by rank, are their observe blocks'
@@ -135,7 +135,7 @@ CORE_FIELDS = (
     SpecField("normalize", 30, check=_check_normalize),
     SpecField("hidden_units", 40, check=lambda s: check_count("hidden_units", s.hidden_units, 1, MAX_WIDTH)),
     SpecField("num_layers", 50, check=lambda s: check_count("num_layers", s.num_layers, 1, MAX_LAYERS)),
-    SpecField("activation", 85, "swish", check=_check_activation, summary=False),
+    SpecField("activation", 85, "swish", check=_check_activation, summary=False, stated=True),
     SpecField("obs_shapes", 100, (), used=bool, decode=_shapes),
     SpecField("notes", 1000, (), check=_check_notes, decode=as_tuple, summary=False, compare=False),
 )
