@@ -93,7 +93,7 @@ def test_converts_and_verifies_within_the_bound_of_sb3s_own_actions(name, conver
 
     run = RUNS[name]
     res, out = converted(name)
-    assert res.ok and res.report.verdict().startswith("PASS"), res.report.to_dict()
+    assert res.ok and res.report.verdict.startswith("PASS"), res.report.to_dict()
     policy = load_policy(out / "model.safetensors")
     spec = policy.spec
     assert spec.source == C.SB3_SOURCE and spec.algorithm == ALGORITHMS[run["algorithm"]]
