@@ -296,8 +296,11 @@ def _verify_written(res: ConvertResult, sources, written, profile, batch: InBatc
                             f"{reference.name if reference else 'no official ONNX'} as the official file")
     elif ckpt.origin is not None and official is None:  # another trainer's file: no official ONNX exists
         by = f"{ckpt.origin.get('format')} {ckpt.origin.get('version') or ''}".strip()
+        vn = ckpt.origin.get("vec_normalize")
         rep.notes.insert(0, f"{src.name} was written by {by}, which exports no ONNX: checks 2-3 have no official file "
-                            "to compare with; check 4 holds every runtime to the float64 reference of its arithmetic")
+                            "to compare with; check 4 holds every runtime to the float64 reference of its arithmetic; "
+                            + (f"its observation normalizer is {vn['file']}'s (VecNormalize)" if vn else
+                               "no VecNormalize file beside it: the policy takes the observations as they are"))
     elif official is None:
         rep.notes.insert(0, f"no official ONNX found beside {src.name} "
                             f"({src.with_suffix(SUFFIXES[ONNX]).name})"

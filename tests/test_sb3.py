@@ -282,3 +282,13 @@ def test_a_crafted_serialized_field_in_data_is_never_unpickled(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert not marker.exists()
     assert io.StringIO(r.stdout).read().startswith("verdict: PASS")
+
+
+def test_an_on_policy_zip_trained_under_vecnormalize_needs_its_file(tmp_path):
+    """PPO/A2C's data records VecNormalize's use (``_last_original_obs``): without its file beside the zip the
+    deployed policy would see unnormalized observations, so the conversion refuses, in one line."""
+    (tmp_path / "alone").mkdir()
+    shutil.copyfile(_zip("ppo_pendulum_vecnorm"), tmp_path / "alone" / "model.zip")
+    r = run_cli(tmp_path / "alone" / "model.zip", tmp_path / "out")
+    assert r.returncode == 2 and "trained under VecNormalize" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

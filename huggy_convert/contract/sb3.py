@@ -95,6 +95,9 @@ SB3_ACTOR_CRITIC = "ActorCriticPolicy"  # PPO / A2C MlpPolicy
 SB3_SAC_POLICY = "SACPolicy"
 SB3_TD3_POLICY = "TD3Policy"
 SB3_POLICY_CLASSES = (SB3_ACTOR_CRITIC, SB3_SAC_POLICY, SB3_TD3_POLICY)
+SB3_LAST_ORIGINAL_OBS = "_last_original_obs"  # set (an array) when VecNormalize wrapped the env; an
+# on-policy algorithm leaves it None otherwise (off-policy ones set it for their replay buffer either way)
+SB3_ON_POLICY = ("ActorCriticPolicy",)
 SB3_PPO_ONLY_FIELD = "clip_range"  # in PPO's data, not A2C's (the zip names no algorithm class)
 # activations (policy_kwargs["activation_fn"]: "<class 'torch.nn.modules.activation.ReLU'>")
 SB3_ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu"}

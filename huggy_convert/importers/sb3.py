@@ -38,7 +38,7 @@ from .. import contract as C
 from ..blocks.actor import constant_vectors
 from ..converter.checkpoint import Checkpoint
 from ..core.numerics import ieee_divisor
-from ..errors import CheckpointError, UnsupportedError
+from ..errors import CheckpointError, InputError, UnsupportedError
 from .sb3_files import Sb3Zip, VecNormStats, find_vec_normalize, read_sb3_zip, read_vec_normalize
 
 FORMAT = "stable-baselines3"
@@ -54,6 +54,10 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
     m = _Model(z)
     vn_path = find_vec_normalize(p)
     vn = read_vec_normalize(vn_path) if vn_path is not None else None
+    if vn is None and m.cls in C.SB3_ON_POLICY and z.data.get(C.SB3_LAST_ORIGINAL_OBS) is not None:
+        raise InputError(f"{p.name} was trained under VecNormalize (its data's {C.SB3_LAST_ORIGINAL_OBS} is set) and no "
+                         f"VecNormalize file is beside it: put the {C.SB3_VEC_NORMALIZE} SB3 saved with it beside the "
+                         "zip (without it the policy would see unnormalized observations)", p)
     sd: Dict[str, Any] = {}
     keys: Dict[str, str] = {}  # ML-Agents key -> the SB3 key(s) it holds
     width = m.body(sd, keys)

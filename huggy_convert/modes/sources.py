@@ -26,7 +26,7 @@ from ..core.spec import OBS_VECTOR, PolicySpec
 from ..errors import DeviceError, InputError, UnsupportedError
 from ..exporters.devices import DTYPES, available_devices
 from ..exporters.onnx_export import build_onnx
-from ..importers import is_onnx_source
+from ..importers import foreign_format, is_onnx_source, read_source
 from ..importers.from_onnx import checkpoint_from_onnx, infer_spec
 from ..pipeline import Prepared, default_reference, prepare_conversion
 from ..batch.rundir import STATUS_KEY, discover, newest_checkpoint
@@ -177,8 +177,8 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
         run_dir = p
         p = newest_checkpoint(p)
     suffix = p.suffix.lower()
-    if suffix in CKPT_SUFFIXES:
-        ckpt = load_checkpoint(p)
+    if suffix in CKPT_SUFFIXES or foreign_format(p):
+        ckpt = read_source(p) if foreign_format(p) else load_checkpoint(p)
         prep = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True)
         pol = prep.conversion.policy
         src = Source(p, KIND_CHECKPOINT, pol.spec, policy=pol, checkpoint=ckpt, run_dir=run_dir, prepared=prep)
@@ -189,7 +189,7 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
         src = _onnx_source(p)
     else:
         raise InputError(f"unknown input type '{suffix or p.name}': give a .pt checkpoint, a .safetensors policy, "
-                         "an .onnx model or a run directory", p)
+                         "an .onnx model, a Stable-Baselines3 model .zip or a run directory", p)
     src.load_seconds = time.perf_counter() - t0
     return src
 
