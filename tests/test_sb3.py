@@ -76,7 +76,7 @@ def test_the_fixtures_are_sb3s_own_and_cover_the_issue():
     assert MANIFEST["versions"]["stable_baselines3"].startswith("2.")
     kinds = {(r["algorithm"], r["action_space"], r["vec_normalize"]) for r in RUNS.values()}
     algos = {a for a, _, _ in kinds}
-    assert {"PPO", "SAC", "TD3"} <= algos, kinds
+    assert {"PPO", "A2C", "SAC", "TD3"} <= algos, kinds
     assert {"Box", "Discrete", "MultiDiscrete"} <= {s for a, s, _ in kinds if a == "PPO"}, kinds
     assert {True, False} == {v for _, _, v in kinds}
     for r in RUNS.values():
