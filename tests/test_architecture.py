@@ -213,7 +213,7 @@ def test_each_block_declares_its_slice_of_the_spec(specs):
                      "memory_size": "memory", "attention_export": "attention", "vis_encode_type": "visual",
                      "goal_conditioning": "goal", "goal_obs": "goal", "source": "actor", "norm_rule": "normalizer",
                      "norm_clip": "normalizer", "norm_eps": "normalizer", "action_rule": "continuous",
-                     "action_low": "continuous", "action_high": "continuous"}
+                     "action_low": "continuous", "action_high": "continuous", "hidden_sizes": "body"}
     s = specs["hybrid_lstm"]
     assert (s.memory_size, s.encoding_size, s.discrete_branches, s.discrete_total, s.tanh_squash) == (8, 4, (3, 2), 5, False)
     assert specs["sac_discrete"].conditional_sigma and PolicySpec(**s.values()) == s

@@ -11,12 +11,34 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Linear, affine, relu, swish, tanh
 from ..core.flow import OnnxFlow, ReferenceFlow, TorchFlow
+from ..core.spec import MAX_WIDTH, SpecField, as_tuple, check_counts
+from ..errors import SpecError
 from .base import ENCODE, Block, KeyRules
+
+
+def _check_sizes(spec) -> None:
+    sizes = spec.hidden_sizes
+    if sizes == ():
+        return
+    check_counts("hidden_sizes", sizes, 1, MAX_WIDTH, 2)
+    if len(sizes) != spec.num_layers or sizes[-1] != spec.hidden_units:
+        raise SpecError("spec field 'hidden_sizes' is not one width per layer ending with hidden_units")
+
+
+def widths(spec):
+    """Each hidden layer's width: ``hidden_sizes`` where another trainer's net has layers of different widths
+    (SB3's TD3 default ``[400, 300]``), else ``num_layers`` x ``hidden_units``."""
+    return tuple(spec.hidden_sizes) or (spec.hidden_units,) * spec.num_layers
 
 
 class Body(Block):
     name = "body"
     stage = ENCODE
+    # layers of different widths (stated by another trainer's importer: ML-Agents' body has one width)
+    spec_fields = (SpecField("hidden_sizes", 508, (), check=_check_sizes, used=bool, decode=as_tuple, stated=True),)
+
+    def describe(self, spec):
+        return [("body", f" (widths {'-'.join(map(str, spec.hidden_sizes))})")] if spec.hidden_sizes else []
 
     def active(self, spec) -> bool:
         return spec.goal_conditioning != C.GOAL_HYPER  # the goal-conditioned body is blocks/goal.py's
@@ -33,28 +55,33 @@ class Body(Block):
             raise r.error(f"unexpected body layer indices {body_idx}: expected Linear at 0, 2, 4... (Swish between)")
         hidden, in_width = r.shape(r.matrix(first))
         shapes = observation_shapes(r, in_width)
-        prev = in_width
+        prev, sizes = in_width, tuple(r.stated.get("hidden_sizes") or ())
+        if sizes and len(sizes) != num_layers:
+            raise r.error(f"{num_layers} body layers, but the stated widths are {list(sizes)}")
         for layer in range(num_layers):
             key = C.BODY_LAYER.format(j=2 * layer, p="{p}")
-            r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), hidden, prev)
-            prev = hidden
-        record_body(r, shapes, hidden, num_layers)
+            width = sizes[layer] if sizes else hidden
+            r.linear(key, C.c_body(layer, "weight"), C.c_body(layer, "bias"), width, prev)
+            prev = width
+        record_body(r, shapes, prev, num_layers)
+        if sizes:
+            r.fields["hidden_sizes"] = sizes
         if "activation" in r.stated:
             r.fields["activation"] = r.stated["activation"]
 
     def state_template(self, spec):
         out, prev = {}, spec.encoded_width
-        for layer in range(spec.num_layers):
-            out[C.BODY_LAYER.format(j=2 * layer, p="weight")] = np.zeros((spec.hidden_units, prev), np.float32)
-            out[C.BODY_LAYER.format(j=2 * layer, p="bias")] = np.zeros(spec.hidden_units, np.float32)
-            prev = spec.hidden_units
+        for layer, w in enumerate(widths(spec)):
+            out[C.BODY_LAYER.format(j=2 * layer, p="weight")] = np.zeros((w, prev), np.float32)
+            out[C.BODY_LAYER.format(j=2 * layer, p="bias")] = np.zeros(w, np.float32)
+            prev = w
         return out
 
     def parameter_count(self, spec, include_log_sigma: bool = True) -> int:
         n, prev = 0, spec.encoded_width
-        for _ in range(spec.num_layers):
-            n += prev * spec.hidden_units + spec.hidden_units
-            prev = spec.hidden_units
+        for w in widths(spec):
+            n += prev * w + w
+            prev = w
         return n
 
     def onnx_encode(self, f: OnnxFlow) -> None:

@@ -7,7 +7,7 @@ the spaces' shapes, bounds and dtypes, ``policy_kwargs``: the net's widths and a
 ``:serialized:`` cloudpickle fields; ``policy.pth`` with ``torch.load(weights_only=True)``; VecNormalize's
 statistics with an allow-listing unpickler that runs no code. Anything else is one line naming it (exit 2):
 an unknown policy class (a recurrent sb3-contrib policy, ``CnnPolicy``, ``MultiInputPolicy``, DQN's), a
-custom features extractor, gSDE, an observation space other than a flat ``Box``, layers of different widths.
+custom features extractor, gSDE, an observation space other than a flat ``Box``.
 
 How SB3's actor becomes the canonical one (the arithmetic is the blocks', told by the spec fields this
 states, ``Checkpoint.fields``):
@@ -67,6 +67,8 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
         _normalizer(sd, keys, vn, m.obs_size, vn_path)
     _constants(sd, cont, branches)
     fields: Dict[str, Any] = {"source": C.SB3_SOURCE, "algorithm": m.algorithm, "activation": m.activation}
+    if len(set(m.widths)) > 1:  # e.g. TD3's default net_arch [400, 300]
+        fields["hidden_sizes"] = m.widths
     if cont:
         fields.update(action_rule=C.SB3_ACTION_RULE[m.cls], action_low=m.low, action_high=m.high)
     if normalize:
@@ -192,10 +194,8 @@ class _Model:
             widths.append(prev)
             for src, p in ((w, "weight"), (b, "bias")):
                 _put(sd, keys, C.BODY_LAYER.format(j=2 * n, p=p), self.z.state[src], src)
-        if len(set(widths)) != 1:
-            raise UnsupportedError(f"not supported yet: hidden layers of different widths {widths} (this tool's "
-                                   "body has one width; e.g. net_arch=[64, 64])", self.path)
-        return widths[0]
+        self.widths = tuple(widths)
+        return widths[-1]
 
     def heads(self, sd: Dict[str, Any], keys: Dict[str, str], width: int) -> Tuple[int, Tuple[int, ...]]:
         """The action head(s); returns (continuous actions, discrete branches)."""
