@@ -24,7 +24,7 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Bounded, Linear, add, affine, clip, exp, f64, mul, scale, stored, tanh
 from ..core.flow import CONSTANT, DETERMINISTIC, SAMPLED, OnnxFlow, Port, ReferenceFlow, TorchFlow
-from ..core.spec import MAX_WIDTH, SpecField, as_tuple, check_count
+from ..core.spec import MAX_WIDTH, SpecField, check_count
 from ..errors import SpecError
 from .base import HEAD, Block, KeyRules
 
