@@ -78,6 +78,8 @@ class ConvertResult:
             "recovered_from": self.conversion.checkpoint.recovered,
             "seconds": round(self.seconds, 3),
         }
+        if self.conversion.checkpoint.origin is not None:  # another trainer's file (importers.sb3)
+            d["trained_with"] = self.conversion.checkpoint.origin
         if self.report is not None:
             d["verify"] = {"verdict": self.report.verdict, "ok": self.report.ok,
                            "first_failure": self.report.first_failure()}

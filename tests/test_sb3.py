@@ -292,3 +292,15 @@ def test_an_on_policy_zip_trained_under_vecnormalize_needs_its_file(tmp_path):
     r = run_cli(tmp_path / "alone" / "model.zip", tmp_path / "out")
     assert r.returncode == 2 and "trained under VecNormalize" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_json_names_the_trainer_and_fits_its_schema(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    r = run_cli(_zip("ppo_multidiscrete"), tmp_path / "out", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    schema = json.loads((Path(C.__file__).parents[1] / "schemas" / "convert.json").read_text())
+    jsonschema.validate(d, schema, cls=jsonschema.Draft202012Validator)
+    assert d["trained_with"]["format"] == "stable-baselines3" and d["reference"] is None
+    assert d["spec"]["source"] == C.SB3_SOURCE and d["spec"]["discrete_branches"] == [3, 4]
+    assert d["trained_with"]["action_space"] == "MultiDiscrete(3, 4)"
