@@ -20,6 +20,7 @@ def main():
     \b
     huggy-convert Huggy-2000049.pt out/      one checkpoint -> out/Huggy-2000049.{safetensors,onnx,pt2,verify.json,golden.npz}
     huggy-convert Huggy.onnx out/            an ML-Agents ONNX alone, read back into its policy
+    huggy-convert model.zip out/             a Stable-Baselines3 policy (vec_normalize.pkl beside it) into Unity's contract
     huggy-convert results/Huggy/ out/        a whole run directory (convert's --jobs, --force)
     huggy-convert downloads/ out/            every run below, e.g. Hub clones -> out/<repo>/<Behavior>-<step>.*
     huggy-convert verify out/                re-check the artifacts in out/

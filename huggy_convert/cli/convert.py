@@ -48,7 +48,8 @@ from .options import (GLOBAL_STEP, JOBS, JOBS_RANGE, OPSET, OPSET_HELP, Command,
 @tolerance_options
 def convert_cmd(source, out, opset, target, reference, divisor, no_verify, no_program, targets, obs_sizes, jobs, force,
                 as_json, quiet, verbose, atol, rtol, cosine, devices, dtypes):
-    """Convert a checkpoint (or every checkpoint of a run directory, or an ML-Agents ONNX alone) into OUT/.
+    """Convert a checkpoint (or every checkpoint of a run directory, an ML-Agents ONNX alone, or a
+    Stable-Baselines3 model zip) into OUT/.
 
     It prints what it read, what it wrote and the verdict with the worst figure, last; the full
     verification tree on failure and with -v (always in OUT/<stem>.verify.json), the Ascend ATC

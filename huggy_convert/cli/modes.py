@@ -39,7 +39,7 @@ from .options import (DEVICE_HELP, target_opt, targeted_opset, ITERS, MAX_ROWS, 
 def info_cmd(source, device, dtype, as_json):
     """Spec, parameter counts, normalizer summary, checkpoint inventory (run directory) and environment.
 
-    SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory."""
+    SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model, an SB3 model .zip or a run directory."""
     return info(source, device=device, dtype=dtype)
 
 

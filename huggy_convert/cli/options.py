@@ -170,7 +170,8 @@ tolerance_options = options(
 
 DEVICE_HELP = "cpu, cuda[:i], npu[:i] or auto (npu, then cuda, then cpu)"
 RUNTIMES = ("auto", "torch", "onnxruntime")
-SOURCE_HELP = "SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model or a run directory (newest checkpoint)."
+SOURCE_HELP = ("SOURCE: a .pt checkpoint, a .safetensors policy, an .onnx model, a Stable-Baselines3 model .zip or a "
+               "run directory (newest checkpoint).")
 
 source_arg = click.argument("source", type=click.Path(path_type=Path), metavar="SOURCE")
 device_opt = click.option("--device", default="cpu", show_default=True, metavar="DEV", help=DEVICE_HELP)
