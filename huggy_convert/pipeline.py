@@ -302,7 +302,8 @@ def _verify_written(res: ConvertResult, sources, written, profile, batch: InBatc
         rep.notes.insert(0, f"{src.name} was written by {by}, which exports no ONNX: checks 2-3 have no official file "
                             "to compare with; check 4 holds every runtime to the float64 reference of its arithmetic; "
                             + (f"its observation normalizer is {vn['file']}'s (VecNormalize)" if vn else
-                               "no VecNormalize file beside it: the policy takes the observations as they are"))
+                               "no VecNormalize file beside it: the policy takes the observations as they are")
+                            + f"; its actions are what SB3's predict returns, in the action space {ckpt.origin.get('action_space')}")
     elif official is None:
         rep.notes.insert(0, f"no official ONNX found beside {src.name} "
                             f"({src.with_suffix(SUFFIXES[ONNX]).name})"
