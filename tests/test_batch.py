@@ -371,7 +371,7 @@ def test_an_empty_directory_exits_2_with_one_line(tmp_path):
     d.mkdir()
     code, stdout, err = batch(d, tmp_path / "out")
     assert code == 2
-    assert err.strip().splitlines() == [f"huggy-convert: error: {d}: no ML-Agents checkpoints (.pt files) in this directory"]
+    assert err.strip().splitlines() == [f"huggy-convert: error: {d}: no ML-Agents checkpoints (.pt files) or SB3 model zips in this directory"]
     assert not (tmp_path / "out").exists()
 
 

@@ -482,7 +482,7 @@ SAFETENSORS = {
     "hidden_float": dict(spec=_set(hidden_units=48.5)),
     "continuous_negative": dict(spec=_set(continuous_size=-3)),
     "branches_zero": dict(spec=_set(discrete_branches=[0])),
-    "activation_unknown": dict(spec=_set(activation="relu")),
+    "activation_unknown": dict(spec=_set(activation="gelu")),
     "spec_extra_field": dict(spec=_set(extra=1)),
     "spec_missing_field": dict(spec=lambda d: d.pop("hidden_units")),
     "spec_not_json": dict(meta=_md("spec", "{not json")),

@@ -1,10 +1,11 @@
 """``checkpoint.pt``: ML-Agents saves the newest step twice. Recognised by content (its ``Policy``
 tensors bitwise equal to those of the step file with its global step, else of the behavior's newest
-step) and recorded as ``same_as`` that entry; one that matches none is converted as its own entry."""
+step) and recorded as ``same_as`` that entry; one that matches none is converted as its own entry.
+Another trainer's file (an SB3 model zip beside it: ``Item.foreign``) is never a candidate, and never
+loaded here."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 from ..core.version import __version__
@@ -17,10 +18,13 @@ from .manifest import CHECKED, ERROR, FAILED, OK, PROFILE_BATCH, SAME_AS, SKIPPE
 from .rundir import Item
 
 
-def _policy_state(path: Path):
-    """The ``Policy`` state dict of a checkpoint through the one loader (``None`` if it does not load)."""
+def _policy_state(item: Item):
+    """The ``Policy`` state dict of an ML-Agents checkpoint through the one loader (``None`` if it does not
+    load, or is another trainer's file)."""
+    if item.foreign:
+        return None
     try:
-        return load_checkpoint(path, quiet_warnings=False).policy  # run_batch silences torch's warnings
+        return load_checkpoint(item.path, quiet_warnings=False).policy  # run_batch silences torch's warnings
     except (HuggyError, OSError):
         return None
 
@@ -48,12 +52,13 @@ def check_alias(item: Item, ctx, candidates: List[Tuple[Item, dict]], convert: C
         data = None
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
         # the step file of its own global step first, then the newest of the folder (candidates[0])
+        candidates = [ce for ce in candidates if not ce[0].foreign]
         order = [ce for ce in candidates if ckpt.global_step is not None and ce[0].step == ckpt.global_step]
         order += [ce for ce in candidates[:1] if ce not in order]
         for cand, cand_entry in order:
             if cand_entry.get("status") not in (OK, VERIFY_FAILED):
                 continue
-            if _same_policy(ckpt.policy, _policy_state(cand.path)):
+            if _same_policy(ckpt.policy, _policy_state(cand)):
                 entry.update(status=SAME_AS, run=CHECKED, stem=None, same_as=cand.out_stem, same_as_source=cand.rel,
                              same_as_sha256=cand_entry.get("source_sha256"), step=cand.step,
                              reward=cand.reward if item.reward is None else item.reward,

@@ -17,6 +17,8 @@ from ..core.artifacts import sha256_bytes
 from ..core.files import read_input_file
 from ..core.version import __version__
 from ..errors import one_line
+from ..importers import read_source
+from ..importers.sb3 import checkpoint_from_sb3
 from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
 from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
 from ..pipeline import ConvertOptions, InBatch, convert_one, default_reference, prepare_conversion
@@ -101,10 +103,18 @@ def _can_skip(prev: Optional[dict], sha: str, item: Item, ctx: _Context) -> bool
 
 def _skipped(entry: dict, prev: dict) -> dict:
     keep = {k: prev.get(k) for k in ("source_sha256", "source_bytes", C.CKPT_GLOBAL_STEP, "spec", "reference", "outputs",
-                                     "verify", "profile", "seconds", "same_as", "same_as_sha256")}
+                                     "verify", "profile", "seconds", "same_as", "same_as_sha256", "trained_with")}
     entry.update({k: v for k, v in keep.items() if v is not None})
     entry.update(status=prev["status"], run=SKIPPED)
     return entry
+
+
+def load_item(item: Item, data: Optional[bytes] = None, sha: Optional[str] = None):
+    """The checkpoint of an item: an ML-Agents ``.pt`` through the one loader, another trainer's file (an
+    SB3 model zip: ``Item.foreign``) through its importer, from ``data`` where its bytes are already read."""
+    if item.foreign:
+        return checkpoint_from_sb3(item.path, data) if data is not None else read_source(item.path)
+    return load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
 
 
 def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
@@ -124,11 +134,15 @@ def convert_item(item: Item, ctx: _Context, ckpt=None) -> dict:
                 return entry
             # the bytes already read and hashed: the file is read once (torch's warnings are silenced
             # for the whole batch by run_batch: catch_warnings is not thread-safe)
-            ckpt = load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
+            ckpt = load_item(item, data, sha)
             data = None
         else:
             entry.update(source_sha256=ckpt.sha256, source_bytes=item.path.stat().st_size)
         entry[C.CKPT_GLOBAL_STEP] = ckpt.global_step
+        if ckpt.origin is not None:  # another trainer's file: what it was, and the VecNormalize file paired with it
+            vn = ckpt.origin.get("vec_normalize") or {}
+            entry["trained_with"] = {"format": ckpt.origin.get("format"), "version": ckpt.origin.get("version"),
+                                     "algorithm": ckpt.origin.get("algorithm"), "vec_normalize": vn.get("file")}
         res = convert_one(item.path, ctx.out / item.sub, ctx.options, profile=ctx.full if item.newest else ctx.light,
                           batch=InBatch(ckpt, ctx.writer, item.stem, [NEWEST_NOTE if item.newest else profile_note(ctx.light)],
                                         fsync=False, suggest_reference=False, check_tolerances=False))
@@ -180,7 +194,7 @@ def warm_up(items: List[Item], ctx: _Context) -> None:
         return
     try:
         it = items[0]
-        ckpt = load_checkpoint(it.path, quiet_warnings=False)  # (its sha256 is not needed here)
+        ckpt = load_item(it)  # (its sha256 is not needed here)
         prep = prepare_conversion(ckpt, default_reference(it.path), ctx.options.obs_sizes, ctx.options.divisor)
         ctx.writer.program_bytes(prep.conversion.policy)
         torchcompat.preload_export()  # what torch.export.load needs too

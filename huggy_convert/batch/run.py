@@ -88,7 +88,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .. import contract as C
-from ..converter import load_checkpoint
 from ..core.artifacts import SUFFIXES, check_out, clean_stale_temporaries, locked, make_dirs
 from ..core.version import __version__
 from ..errors import InputError
@@ -99,7 +98,7 @@ from ..pipeline import ConvertOptions, default_reference, prepare_conversion
 from ..verify.engine import check_devices, check_tolerance_outputs, named_tolerances
 from .deployed import check_deployed
 from .item import (BATCH_FINGERPRINT_STEPS, BATCH_ROWS, NEWEST_NOTE, _alias_task, _Context, _convert_task,
-                   batch_profiles, convert_item, profile_note, warm_up)
+                   batch_profiles, convert_item, load_item, profile_note, warm_up)
 from .manifest import (ERROR, FAILED, MANIFEST_CSV, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_JSON,
                        MISSING, OK, Manifest, base_entry, best_entry, options_record, read_previous, summarize)
 from .rundir import STATUS_FILE, STATUS_KEY, Item, discover
@@ -157,7 +156,7 @@ def run_batch(source, out, options: Optional[ConvertOptions] = None, jobs: Optio
     found = discover(source, out)
     items = found.items
     if not items:
-        raise InputError("no ML-Agents checkpoints (.pt files) in this directory", source)
+        raise InputError("no ML-Agents checkpoints (.pt files) or SB3 model zips in this directory", source)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     outr = out.resolve()
@@ -195,7 +194,7 @@ def check_tolerances(items: List[Item], o: ConvertOptions) -> List[str]:
         for group in groups.values():
             for it in sorted(group, key=lambda it: not it.newest)[:TOLERANCE_TRIES]:
                 try:
-                    ckpt = load_checkpoint(it.path, quiet_warnings=False)
+                    ckpt = load_item(it)
                     prep = prepare_conversion(ckpt, default_reference(it.path), o.obs_sizes, o.divisor, lenient=True)
                 except Exception:  # noqa: BLE001 - its task reports it
                     continue
@@ -338,7 +337,8 @@ class _Running:
         self.run([(_convert_task, (it,)) for it in ordered], ordered)
         tasks = []
         for it in aliases:
-            folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"]
+            folder = [w for w in work if w.path.parent == it.path.parent and not w.missing and w.kind == "step"
+                      and not w.foreign]  # (an SB3 zip beside checkpoint.pt is never its alias)
             newest = max(folder, key=lambda w: (w.step if w.step is not None else -1, w.rel), default=None)
             cands = [(w, self.results.get(w.rel, {})) for w in sorted(folder, key=lambda w: w is not newest)]
             tasks.append((_alias_task, (it, cands)))

@@ -23,6 +23,17 @@ the run directory, ``/`` as ``-``), in OUT itself when SOURCE holds one group, i
 below SOURCE>/`` when it holds several (``out/ppo-Huggy/Huggy-245828.onnx``). ``Item.rel`` is the
 path below the run directory (one group) or below SOURCE (several).
 
+Stable-Baselines3 model zips (``importers.sb3_files.is_sb3_zip``: a ``.zip`` whose central directory
+lists ``data`` and ``policy.pth``) are found beside the ``.pt`` files, the way SB3 users keep them: a
+folder of CheckpointCallback saves (``rl_model_<N>_steps.zip``), rl-baselines3-zoo's log folder
+(``<EnvName>.zip``, ``best_model.zip``, ``rl_model_<N>_steps.zip``), any folder of zips. Each is an item
+marked ``foreign`` (read by ``importers.read_source``, never ``load_checkpoint``): its step from the
+``_<N>_steps`` name, else the ``data`` JSON's ``num_timesteps`` (``importers.sb3_files.zip_step``), its
+behavior the name of its folder (the newest zip of each folder gets the full profile), its stem the
+file's stem (clashes: the path below the run, as for ``.pt``). Its VecNormalize file is the importer's to
+find (``find_vec_normalize``). The run modes (``step_checkpoints``, ``newest_checkpoint``) take
+ML-Agents checkpoints only.
+
 Used by the batch (every checkpoint) and the run modes (inventory, newest checkpoint).
 """
 from __future__ import annotations
@@ -37,6 +48,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from .. import contract as C
 from ..core.files import check_regular, clip, read_input_file
 from ..errors import InputError
+from ..importers.sb3_files import is_sb3_zip, zip_step
 
 STATUS_FILE = Path(C.STATUS_FILE)
 STATUS_KEY = STATUS_FILE.stem  # how our JSON names the status file it read
@@ -60,6 +72,7 @@ class Item:
     stem: str = ""
     newest: bool = False
     sub: str = ""  # the folder of its outputs below OUT: its run's path below SOURCE when there are several
+    foreign: bool = False  # another trainer's file (an SB3 model zip): read by importers.read_source
 
     @property
     def out_stem(self) -> str:
@@ -180,9 +193,10 @@ def _read_status(path: Path) -> Tuple[List[dict], Optional[str]]:
 
 
 def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> Tuple[List[Path], List[Path]]:
-    """The ``.pt`` files under ``scope`` (regular files within the input size bound: a FIFO, device,
-    socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened), and the run
-    directories there (folders holding ``run_logs/training_status.json`` or ``configuration.yaml``)."""
+    """The ``.pt`` files and SB3 model zips under ``scope`` (regular files within the input size bound: a
+    FIFO, device, socket or huge sparse file named ``*.pt`` is skipped with a warning, never opened; a
+    ``.zip`` counts when ``is_sb3_zip``, which reads its central directory only), and the run directories
+    there (folders holding ``run_logs/training_status.json`` or ``configuration.yaml``)."""
     found, runs = [], []
     for dirpath, dirnames, filenames in os.walk(scope):
         keep = []
@@ -194,9 +208,15 @@ def _scan(scope: Path, exclude: Optional[Path], warns: List[str]) -> Tuple[List[
         if C.RUN_CONFIGURATION in filenames or (Path(dirpath) / STATUS_FILE).is_file():
             runs.append(Path(dirpath))
         for f in sorted(filenames):
-            if not f.endswith(C.CHECKPOINT_SUFFIX) or f.startswith("."):
+            if f.startswith("."):
                 continue
             p = Path(dirpath, f)
+            if p.suffix.lower() == C.SB3_ZIP_SUFFIX:
+                if is_sb3_zip(p):  # (another zip is not a policy: not a word about it)
+                    found.append(p)
+                continue
+            if not f.endswith(C.CHECKPOINT_SUFFIX):
+                continue
             try:
                 check_regular(p, "checkpoint")
             except InputError as exc:
@@ -285,7 +305,11 @@ def _run_items(root: Path, status: Optional[Path], files: List[Path], source: Pa
         if f in claimed:
             continue
         m = STEP_NAME.match(f.name)
-        if f.name == CHECKPOINT_NAME:
+        if f.suffix.lower() == C.SB3_ZIP_SUFFIX:  # _scan took it: an SB3 model zip
+            step = zip_step(f)
+            items.append(Item(path=f, rel=rel(f), behavior=f.parent.name, step=step,
+                              kind="other" if step is None else "step", foreign=True))
+        elif f.name == CHECKPOINT_NAME:
             items.append(Item(path=f, rel=rel(f), behavior=f.parent.name, step=None, kind="checkpoint"))
         elif m:
             items.append(Item(path=f, rel=rel(f), behavior=m["behavior"], step=int(m["step"])))
@@ -300,16 +324,23 @@ def _run_items(root: Path, status: Optional[Path], files: List[Path], source: Pa
         counts[it.stem] = counts.get(it.stem, 0) + 1
     for it in items:
         if counts[it.stem] > 1:
-            it.stem = it.rel[:-len(C.CHECKPOINT_SUFFIX)].replace("/", "-")
+            it.stem = it.rel[:-len(it.path.suffix)].replace("/", "-")
+    counts = {}
+    for it in items:
+        counts[it.stem] = counts.get(it.stem, 0) + 1
+    for it in items:  # still the same: a .pt and a .zip of one name in one folder
+        if counts[it.stem] > 1 and it.foreign:
+            it.stem = f"{it.stem}-{it.path.suffix[1:].lower()}"
     # the newest of each behavior gets the full verification profile
-    newest: Dict[Optional[str], Item] = {}
+    newest: Dict[tuple, Item] = {}  # (behavior, the folder of a foreign file)
     for it in items:
         if it.kind == "checkpoint" or it.missing:
             continue
         key = (it.step if it.step is not None else -1, it.rel)
-        cur = newest.get(it.behavior)
+        group = (it.behavior, it.path.parent if it.foreign else None)
+        cur = newest.get(group)
         if cur is None or key > (cur.step if cur.step is not None else -1, cur.rel):
-            newest[it.behavior] = it
+            newest[group] = it
     for it in newest.values():
         it.newest = True
     return items, status, finals
@@ -353,7 +384,7 @@ def discover(source: Path, out: Optional[Path] = None) -> Discovery:
             it.sub = sub
             if sub:
                 it.rel = f"{sub}/{it.rel}"
-        behaviors = sorted({it.behavior for it in its if it.behavior} | set(finals))
+        behaviors = sorted({it.behavior for it in its if it.behavior and not it.foreign} | set(finals))
         if behavior_folder:
             behaviors = [b for b in behaviors if b == source.name]
         deployed = []
@@ -374,13 +405,14 @@ def discover(source: Path, out: Optional[Path] = None) -> Discovery:
 
 def step_checkpoints(run_dir) -> List[Path]:
     """The ``<Behavior>-<step>.pt`` files present under ``run_dir``, oldest first."""
-    items = [it for it in discover(Path(run_dir))[2] if it.kind == "step" and not it.missing and it.step is not None]
+    items = [it for it in discover(Path(run_dir))[2]
+             if it.kind == "step" and not it.missing and it.step is not None and not it.foreign]
     return [it.path for it in sorted(items, key=lambda it: (it.step, it.rel))]
 
 
 def newest_checkpoint(run_dir) -> Path:
     """The newest step checkpoint (``checkpoint.pt`` when there is no step file)."""
-    items = discover(Path(run_dir))[2]
+    items = [it for it in discover(Path(run_dir))[2] if not it.foreign]  # ML-Agents checkpoints only
     newest = [it for it in items if it.newest]
     if newest:
         return max(newest, key=lambda it: (it.step if it.step is not None else -1, it.rel)).path

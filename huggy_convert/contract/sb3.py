@@ -3,6 +3,8 @@ from SB3 2.x (``stable_baselines3/common/save_util.py``, ``common/vec_env/vec_no
 ``common/running_mean_std.py``) and the files SB3 2.9.2 writes itself (``fixtures/sb3/``)."""
 from __future__ import annotations
 
+import re
+
 # --- files (importers/sb3_files.py)
 
 # model.zip: its members (save_util.save_to_zip_file)
@@ -25,8 +27,16 @@ SB3_POLICY_CLASS = "policy_class"
 
 # VecNormalize.save: a pickle of the VecNormalize object, its venv None
 SB3_VEC_NORMALIZE = "vec_normalize.pkl"
+# CheckpointCallback (common/callbacks.py, ``_checkpoint_path``): ``{name_prefix}_{num_timesteps}_steps.zip``,
+# and with ``save_vecnormalize=True`` ``{name_prefix}_vecnormalize_{num_timesteps}_steps.pkl`` beside it
+SB3_STEP_ZIP_RE = re.compile(r"^(?P<prefix>.+)_(?P<step>[0-9]+)_steps\.zip$", re.IGNORECASE)
+SB3_CALLBACK_VEC_NORMALIZE = "{prefix}_vecnormalize_{step}_steps.pkl"
+# rl-baselines3-zoo's log folder logs/<algo>/<EnvName>_<n>/: <EnvName>.zip (final), best_model.zip,
+# rl_model_<N>_steps.zip, and the env's VecNormalize in the subfolder named after the env
+SB3_ZOO_VEC_NORMALIZE = "vecnormalize.pkl"  # <folder>/<EnvName>/vecnormalize.pkl
+SB3_DATA_PROBE_BYTES = 1 << 20  # the data member read for num_timesteps while finding a batch's zips (KBs)
 SB3_VEC_NORMALIZE_NAMES = (  # beside a model zip, {stem} its stem; rl-zoo: vecnormalize.pkl in the run's folder
-    "{stem}_vec_normalize.pkl", "{stem}.vec_normalize.pkl", SB3_VEC_NORMALIZE, "vecnormalize.pkl")
+    "{stem}_vec_normalize.pkl", "{stem}.vec_normalize.pkl", SB3_VEC_NORMALIZE, SB3_ZOO_VEC_NORMALIZE)
 # the VecNormalize object's attributes read (its __dict__, set by pickle's BUILD)
 VN_OBS_RMS = "obs_rms"
 VN_NORM_OBS = "norm_obs"

@@ -75,7 +75,7 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
         fields.update(norm_rule=C.NORM_RULE_VECNORM, norm_clip=float(vn.clip_obs), norm_eps=float(vn.epsilon))
     origin = {"format": FORMAT, "version": z.version, "policy_class": m.cls, "algorithm": m.algorithm.upper(),
               "observation_space": f"Box{list(m.obs_shape)}", "action_space": m.action_text,
-              "vec_normalize": _vn_record(vn, vn_path) if vn is not None else None,
+              "vec_normalize": _vn_record(vn, vn_path, p) if vn is not None else None,
               "keys": keys, "not_held": m.not_held(z.state, keys, vn)}
     step = z.data.get(C.SB3_NUM_TIMESTEPS)
     return Checkpoint(p, z.sha256, sd, step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None,
@@ -293,8 +293,14 @@ def _constants(sd, cont: int, branches: Tuple[int, ...]) -> None:
     sd.update({k: torch.from_numpy(v) for k, v in constant_vectors(cont, branches, 0).items()})
 
 
-def _vn_record(vn: VecNormStats, path) -> Dict[str, Any]:
-    return {"file": Path(path).name, "clip_obs": float(vn.clip_obs), "epsilon": float(vn.epsilon),
+def _vn_record(vn: VecNormStats, path, zip_path: Path) -> Dict[str, Any]:
+    """The VecNormalize file (its path from the zip's folder: ``vec_normalize.pkl``, rl-zoo's
+    ``<EnvName>/vecnormalize.pkl``) and its settings."""
+    try:
+        name = Path(path).relative_to(zip_path.parent).as_posix()
+    except ValueError:
+        name = Path(path).name
+    return {"file": name, "clip_obs": float(vn.clip_obs), "epsilon": float(vn.epsilon),
             "count": float(vn.count), "norm_obs": bool(vn.norm_obs)}
 
 

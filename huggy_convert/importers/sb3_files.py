@@ -241,18 +241,69 @@ def read_sb3_zip(path, data: Optional[bytes] = None) -> Sb3Zip:
 # --- vec_normalize.pkl -----------------------------------------------------------------------------
 
 
+def zip_step(path) -> Optional[int]:
+    """The training step an SB3 model zip states without reading its weights: ``<prefix>_<N>_steps.zip``
+    (CheckpointCallback's name) gives ``N``; else the ``data`` JSON's ``num_timesteps``, read only when the
+    member is small (``SB3_DATA_PROBE_BYTES``, stored or deflated); else ``None`` (never an error)."""
+    p = Path(path)
+    m = C.SB3_STEP_ZIP_RE.match(p.name)
+    if m:
+        return int(m["step"])
+    try:
+        check_regular(p, ZIP_WHAT)
+        with zipfile.ZipFile(p) as zf:
+            infos = [i for i in zf.infolist() if i.filename == C.SB3_DATA]
+            if (len(infos) != 1 or infos[0].compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+                    or infos[0].file_size > C.SB3_DATA_PROBE_BYTES
+                    or infos[0].compress_size > C.SB3_DATA_PROBE_BYTES):
+                return None
+            with zf.open(infos[0]) as f:
+                raw = f.read(C.SB3_DATA_PROBE_BYTES + 1)
+        if len(raw) > C.SB3_DATA_PROBE_BYTES:
+            return None
+        step = json.loads(raw.decode("utf-8")).get(C.SB3_NUM_TIMESTEPS)
+    except Exception:  # a probe: the zip's own reader reports what is wrong with it
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2 ** 63 else None
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
 def find_vec_normalize(zip_path) -> Optional[Path]:
-    """The VecNormalize file beside ``zip_path``: ``<stem>_vec_normalize.pkl``, ``<stem>.vec_normalize.pkl``,
-    ``vec_normalize.pkl`` or rl-zoo's ``vecnormalize.pkl``, the first that is a file; else ``None``."""
+    """The VecNormalize file of the model zip ``zip_path``, the first of these that is a file:
+
+    1. CheckpointCallback's own (``save_vecnormalize=True``): for ``<prefix>_<N>_steps.zip``,
+       ``<prefix>_vecnormalize_<N>_steps.pkl`` beside it (the statistics of that very step);
+    2. beside it: ``<stem>_vec_normalize.pkl``, ``<stem>.vec_normalize.pkl``, ``vec_normalize.pkl``,
+       ``vecnormalize.pkl``;
+    3. rl-baselines3-zoo's log folder (``logs/<algo>/<EnvName>_<n>/``): ``<EnvName>/vecnormalize.pkl``,
+       where the zip's folder holds exactly one subfolder (hidden ones aside) that has a
+       ``vecnormalize.pkl`` (the zoo's final statistics, which its ``enjoy.py`` also loads for a
+       ``best_model.zip`` or an ``rl_model_<N>_steps.zip``); two or more such subfolders: none is chosen.
+
+    Else ``None``."""
     p = Path(zip_path)
+    folder = p.parent
+    m = C.SB3_STEP_ZIP_RE.match(p.name)
+    if m:
+        candidate = folder / C.SB3_CALLBACK_VEC_NORMALIZE.format(prefix=m["prefix"], step=m["step"])
+        if _is_file(candidate):
+            return candidate
     for template in C.SB3_VEC_NORMALIZE_NAMES:
-        candidate = p.parent / template.format(stem=p.stem)
-        try:
-            if candidate.is_file():
-                return candidate
-        except OSError:
-            continue
-    return None
+        candidate = folder / template.format(stem=p.stem)
+        if _is_file(candidate):
+            return candidate
+    try:
+        subs = [d for d in folder.iterdir() if not d.name.startswith(".") and d.is_dir()]
+    except OSError:
+        return None
+    zoo = [d / C.SB3_ZOO_VEC_NORMALIZE for d in subs if _is_file(d / C.SB3_ZOO_VEC_NORMALIZE)]
+    return zoo[0] if len(zoo) == 1 else None
 
 
 @dataclass
