@@ -320,3 +320,17 @@ def test_every_deploy_target_takes_an_sb3_policy(target, name, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("verdict: PASS"), r.stdout + r.stderr
     r = run_cli("verify", out)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_verify_out_notices_a_changed_vec_normalize_file(tmp_path):
+    """The VecNormalize file is a second source, recorded by its sha256 (``trained_with``): ``verify OUT/``
+    with another one beside the zip does not run check 1 against it (exit 4, a partial PASS), it never FAILs
+    the conversion that was right for the file it read."""
+    d = tmp_path / "run"
+    shutil.copytree(SB3 / "ppo_pendulum_vecnorm", d)
+    assert run_cli(d / "model.zip", d / "out", "-q").returncode == 0
+    assert run_cli("verify", d / "out").returncode == 0
+    shutil.copyfile(SB3 / "sac_pendulum_vecnorm" / "vec_normalize.pkl", d / "vec_normalize.pkl")
+    r = run_cli("verify", d / "out")
+    assert r.returncode == 4 and "VecNormalize file changed" in r.stdout, r.stdout + r.stderr
+    assert run_cli("verify", d / "out", "--require-complete").returncode == 1

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import contract as C
 from .. import errors
 from .. import verify as stage  # stage.verify: looked up where it is defined, when a set is verified
 from ..converter import load_checkpoint, load_policy
@@ -149,6 +150,23 @@ def _spec_of(path: Path):
         return None
 
 
+def _vec_normalize_changed(arts: ArtifactSet, ckpt) -> Optional[str]:
+    """Where the VecNormalize file an SB3 conversion read (its canonical file's ``trained_with``) is not the
+    one beside the zip now: what changed (a second source, recorded by its sha256), else None."""
+    try:
+        was = json.loads(_metadata(arts.path(SAFETENSORS)).get(C.MD_ORIGIN) or "{}").get("vec_normalize")
+    except (ValueError, AttributeError, HuggyError):
+        return None
+    now = (ckpt.origin or {}).get("vec_normalize")
+    if (was or {}).get("sha256") == (now or {}).get("sha256"):
+        return None
+    if was is None:
+        return f"appeared ({now.get('file')}): the conversion read none"
+    if now is None:
+        return f"is gone ({was.get('file')})"
+    return f"changed ({now.get('file')}: sha256 {str(now.get('sha256'))[:12]}, recorded {str(was.get('sha256'))[:12]})"
+
+
 def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) -> tuple:
     """For a re-verification without ``--checkpoint`` / ``--reference``: the checkpoint and the official
     ONNX its conversion read, where they still are with the sha256 the report records
@@ -184,8 +202,12 @@ def recorded_sources(arts: ArtifactSet, record, ckpt, official, reference=None) 
                 ckpt = checkpoint_from_onnx(path, model, data)
             elif is_policy_file(path):  # a set converted from a canonical file (importers.own)
                 ckpt = checkpoint_from_policy_file(path, data)
-            elif is_sb3_zip(path):  # another trainer's file (importers.sb3)
+            elif is_sb3_zip(path):  # another trainer's file (importers.sb3), with its VecNormalize file
                 ckpt = checkpoint_from_sb3(path, data)
+                changed = _vec_normalize_changed(arts, ckpt)
+                if changed:
+                    not_run[cid] = {"reason": f"{what}'s VecNormalize file {changed}", "detail": changed}
+                    ckpt = None
             else:  # the bytes already read and hashed: the file is read once
                 ckpt = load_checkpoint(path, data=data, sha256=rec["sha256"], quiet_warnings=False)  # (both
                 # drivers silence torch's warnings around the whole run: catch_warnings is not thread-safe)

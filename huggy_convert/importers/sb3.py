@@ -37,6 +37,8 @@ import numpy as np
 from .. import contract as C
 from ..blocks.actor import constant_vectors
 from ..converter.checkpoint import Checkpoint
+from ..core.artifacts import sha256_bytes
+from ..core.files import read_input_file
 from ..core.numerics import ieee_divisor
 from ..errors import CheckpointError, InputError, UnsupportedError
 from .sb3_files import Sb3Zip, VecNormStats, find_vec_normalize, read_sb3_zip, read_vec_normalize
@@ -53,7 +55,8 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
     z = read_sb3_zip(p, data)
     m = _Model(z)
     vn_path = find_vec_normalize(p)
-    vn = read_vec_normalize(vn_path) if vn_path is not None else None
+    vn_data = read_input_file(vn_path, "VecNormalize file") if vn_path is not None else None
+    vn = read_vec_normalize(vn_path, vn_data) if vn_path is not None else None
     if vn is None and m.cls in C.SB3_ON_POLICY and z.data.get(C.SB3_LAST_ORIGINAL_OBS) is not None:
         raise InputError(f"{p.name} was trained under VecNormalize (its data's {C.SB3_LAST_ORIGINAL_OBS} is set) and no "
                          f"VecNormalize file is beside it: put the {C.SB3_VEC_NORMALIZE} SB3 saved with it beside the "
@@ -75,7 +78,7 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
         fields.update(norm_rule=C.NORM_RULE_VECNORM, norm_clip=float(vn.clip_obs), norm_eps=float(vn.epsilon))
     origin = {"format": FORMAT, "version": z.version, "policy_class": m.cls, "algorithm": m.algorithm.upper(),
               "observation_space": f"Box{list(m.obs_shape)}", "action_space": m.action_text,
-              "vec_normalize": _vn_record(vn, vn_path, p) if vn is not None else None,
+              "vec_normalize": _vn_record(vn, vn_path, p, sha256_bytes(vn_data)) if vn is not None else None,
               "keys": keys, "not_held": m.not_held(z.state, keys, vn)}
     step = z.data.get(C.SB3_NUM_TIMESTEPS)
     return Checkpoint(p, z.sha256, sd, step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None,
@@ -293,14 +296,14 @@ def _constants(sd, cont: int, branches: Tuple[int, ...]) -> None:
     sd.update({k: torch.from_numpy(v) for k, v in constant_vectors(cont, branches, 0).items()})
 
 
-def _vn_record(vn: VecNormStats, path, zip_path: Path) -> Dict[str, Any]:
+def _vn_record(vn: VecNormStats, path, zip_path: Path, sha256: str) -> Dict[str, Any]:
     """The VecNormalize file (its path from the zip's folder: ``vec_normalize.pkl``, rl-zoo's
     ``<EnvName>/vecnormalize.pkl``) and its settings."""
     try:
         name = Path(path).relative_to(zip_path.parent).as_posix()
     except ValueError:
         name = Path(path).name
-    return {"file": name, "clip_obs": float(vn.clip_obs), "epsilon": float(vn.epsilon),
+    return {"file": name, "sha256": sha256, "clip_obs": float(vn.clip_obs), "epsilon": float(vn.epsilon),
             "count": float(vn.count), "norm_obs": bool(vn.norm_obs)}
 
 
