@@ -83,6 +83,12 @@ def test_one_session_factory_one_program_loader_one_torch_load():
     assert pickles == ["converter/checkpoint.py"], pickles
     text = (PACKAGE / "converter" / "checkpoint.py").read_text()
     assert len(re.findall(r"\btorch\.load\(", text)) == 1 and "weights_only=True" in text
+    # the allow-listing unpicklers (a pickle.Unpickler whose find_class answers a fixed list): the checkpoint's
+    # fast reader and SB3's VecNormalize reader (importers/sb3_files.py), nowhere else
+    subclasses = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                        if re.search(r"\(pickle\.Unpickler\)", p.read_text()))
+    assert subclasses == ["converter/checkpoint.py", "importers/sb3_files.py"], subclasses
+    assert all("def find_class" in (PACKAGE / f).read_text() for f in subclasses)
 
 
 def test_torch_threads_is_scoped():

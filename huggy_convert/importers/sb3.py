@@ -4,7 +4,7 @@ rules, the exporters (Unity's contract ONNX, the ``.pt2``, the deploy targets), 
 
 What is read, and how (``sb3_files``): the zip's ``data`` JSON for what it states in clear (the policy class,
 the spaces' shapes, bounds and dtypes, ``policy_kwargs``: the net's widths and activation), never its
-``:serialized:`` cloudpickle fields; ``policy.pth`` with ``torch.load(weights_only=True)``; VecNormalize's
+``:serialized:`` cloudpickle fields; ``policy.pth`` through torch's weights-only loader (``converter.checkpoint``); VecNormalize's
 statistics with an allow-listing unpickler that runs no code. Anything else is one line naming it (exit 2):
 an unknown policy class (a recurrent sb3-contrib policy, ``CnnPolicy``, ``MultiInputPolicy``, DQN's), a
 custom features extractor, gSDE, an observation space other than a flat ``Box``.

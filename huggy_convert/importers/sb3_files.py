@@ -1,7 +1,7 @@
 """Reading Stable-Baselines3's files without ever running a pickle.
 
 - ``model.zip`` (``model.save``): the ``data`` JSON as parsed (its ``":serialized:"`` base64 cloudpickles
-  are left as text, never decoded), ``policy.pth`` through ``torch.load(weights_only=True)``
+  are left as text, never decoded), ``policy.pth`` through torch's weights-only loader
   (``converter.checkpoint.torch_load_weights_only``), the SB3 version. The zip's members are bounded
   (stored or deflated only, each claimed size within the bounds and its compression ratio, so a zip bomb
   is refused before it is inflated).
