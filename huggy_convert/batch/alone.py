@@ -31,6 +31,6 @@ def onnx_alone(source, out=None) -> Optional[Path]:
         onnx += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(SUFFIXES[ONNX]) and not f.startswith(".")]
     if len(onnx) > 1:
         names = ", ".join(p.relative_to(source).as_posix() for p in onnx[:3]) + (", ..." if len(onnx) > 3 else "")
-        raise InputError(f"no ML-Agents checkpoints (.pt files) here, and {len(onnx)} ONNX files ({names}): "
+        raise InputError(f"no ML-Agents checkpoints (.pt files) or SB3 model zips here, and {len(onnx)} ONNX files ({names}): "
                          "convert each alone (huggy-convert FILE.onnx OUT/)", source)
     return onnx[0] if onnx else None
