@@ -32,6 +32,7 @@ from huggy_convert.conformance import check_file
 from huggy_convert.converter import load_policy
 from huggy_convert.core.artifacts import ONNX, PT2, SAFETENSORS, SUFFIXES
 from huggy_convert.pipeline import ConvertOptions, convert_one
+from huggy_convert.runtime.feeds import complete_feed
 from huggy_convert.verify.bounds import Float64Policy, judge
 
 SB3 = Path(os.environ.get("HUGGY_SB3_FIXTURES") or FIXTURES / "sb3")
@@ -64,10 +65,8 @@ def converted(tmp_path_factory):
 
 
 def _feed(policy, obs):
-    feed = {C.OBS_INPUT.format(i=0): obs.astype(np.float32)}
-    if policy.spec.discrete_branches:
-        feed[C.ACTION_MASKS] = np.ones((len(obs), policy.spec.discrete_total), np.float32)
-    return feed
+    """The observations, and every input SB3 has not (action masks allowing every choice: ``complete_feed``)."""
+    return complete_feed(policy.spec, {C.OBS_INPUT.format(i=0): obs.astype(np.float32)})
 
 
 def test_the_fixtures_are_sb3s_own_and_cover_the_issue():

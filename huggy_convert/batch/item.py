@@ -17,7 +17,6 @@ from ..core.artifacts import sha256_bytes
 from ..core.files import read_input_file
 from ..core.version import __version__
 from ..errors import one_line
-from ..importers import read_source
 from ..importers.sb3 import checkpoint_from_sb3
 from ..exporters import onnx_export, torch_module  # noqa: F401 (warm_up: imported before the workers fork)
 from ..exporters.pt2 import EXPORT_GATE, ProgramWriter
@@ -113,7 +112,7 @@ def load_item(item: Item, data: Optional[bytes] = None, sha: Optional[str] = Non
     """The checkpoint of an item: an ML-Agents ``.pt`` through the one loader, another trainer's file (an
     SB3 model zip: ``Item.foreign``) through its importer, from ``data`` where its bytes are already read."""
     if item.foreign:
-        return checkpoint_from_sb3(item.path, data) if data is not None else read_source(item.path)
+        return checkpoint_from_sb3(item.path, data)
     return load_checkpoint(item.path, data=data, sha256=sha, quiet_warnings=False)
 
 

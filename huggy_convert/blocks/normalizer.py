@@ -18,7 +18,7 @@ from .. import contract as C
 from ..core import torchcompat
 from ..core.bounds import Bounded, clip, f64, stored
 from ..core.flow import OBSERVATION, OnnxFlow, Port, ReferenceFlow, TorchFlow
-from ..core.numerics import U32, ieee_divisor
+from ..core.numerics import U32, one_step_variance
 from ..core.spec import OBS_VECTOR, SpecField
 from ..errors import InputError, SpecError
 from .base import OBSERVE, Block, KeyRules
@@ -36,12 +36,10 @@ def _check_rule(spec) -> None:
     rules = (C.NORM_RULE_MLAGENTS, C.NORM_RULE_VECNORM)
     if spec.norm_rule not in rules:
         raise SpecError(f"spec field 'norm_rule' is {str(spec.norm_rule)[:40]!r}, not one of {', '.join(rules)}")
-    for name, lo in (("norm_clip", 0.0), ("norm_eps", -1.0)):
+    for name, least, strict in (("norm_clip", 0.0, True), ("norm_eps", 0.0, False)):
         v = getattr(spec, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or not v > lo:
-            raise SpecError(f"spec field '{name}' is {str(v)[:40]!r}, not a finite number > {lo:g}")
-    if spec.norm_eps < 0:
-        raise SpecError(f"spec field 'norm_eps' is {spec.norm_eps!r}, not >= 0")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < least or (strict and v == least):
+            raise SpecError(f"spec field '{name}' is {str(v)[:40]!r}, not a finite number {'>' if strict else '>='} {least:g}")
 
 
 class Normalizer(Block):
@@ -237,16 +235,12 @@ class Normalizer(Block):
         the canonical policy holds instead: steps = 1 and variance = D² (float32, correctly rounded), so
         that the IEEE divisor every exporter computes, ``sqrt(D² / 1)``, is D again bit for bit: in
         binary floating point ``fl(sqrt(fl(D * D))) == D`` for every D whose square is a normal float32
-        (1.09e-19 <= D <= 1.84e19; checked exhaustively over the float32 significands in
-        tests/test_from_onnx.py). A D outside that range, not positive or not finite is refused."""
+        (``core.numerics.one_step_variance``). A D outside that range, not positive or not finite is refused."""
         if not spec.normalize:
             return
         for i, _ in spec.vector_obs:
             d = found.pop(C.NORM_DIVISOR_INIT.format(i=i))
-            with np.errstate(over="ignore", under="ignore"):
-                var = (d.astype(np.float64) ** 2).astype(np.float32)
-            bad = ~(np.isfinite(d) & (d > 0))
-            bad |= ~bad & (ieee_divisor(var, 1) != d)
+            var, bad = one_step_variance(d)
             if bad.any():
                 j = int(np.argmax(bad))
                 raise InputError(f"the {C.OBS_INPUT.format(i=i)} normalizer divisor [{j}] is {float(d[j])!r}: not "

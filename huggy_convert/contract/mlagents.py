@@ -142,7 +142,7 @@ NORMALIZER_INFIX = ".normalizer."  # in every normalizer key (a checkpoint with 
 # --- The computation's constants --------------------------------------------------------
 NORM_CLIP = 5.0
 ACTION_CLIP = 3.0
-SAC_LOG_SIGMA_MIN = -20.0
+SAC_LOG_SIGMA_MIN = -20.0  # Stable-Baselines3's SAC clamps its log_std the same (sac/policies.py LOG_STD_MIN/MAX)
 SAC_LOG_SIGMA_MAX = 2.0
 MASK_PENALTY = 1e8
 EPSILON = 1e-7

@@ -12,8 +12,6 @@ SB3_ZIP_SUFFIX = ".zip"
 SB3_DATA = "data"  # JSON text (save_util.data_to_json)
 SB3_POLICY = "policy.pth"  # the policy's state dict, torch.save
 SB3_VERSION = "_stable_baselines3_version"  # text, e.g. "2.9.2"
-SB3_SYSTEM_INFO = "system_info.txt"
-SB3_PYTORCH_VARIABLES = "pytorch_variables.pth"
 SB3_REQUIRED_MEMBERS = (SB3_DATA, SB3_POLICY)
 
 # the data JSON: an object SB3 could not write as JSON is {":type:": ..., ":serialized:": base64 cloudpickle,
@@ -79,14 +77,12 @@ SB3_POLICY_NET = "mlp_extractor.policy_net."  # + "{j}.weight": Linear at j = 0,
 SB3_SHARED_NET = "mlp_extractor.shared_net."  # SB3 < 1.8's shared layers, before the policy net's
 SB3_ACTION_NET = "action_net.{p}"
 SB3_LOG_STD = "log_std"
-SB3_CRITIC_PREFIXES = ("mlp_extractor.value_net.", "value_net.", "critic.", "critic_target.", "actor_target.")
 # SACPolicy: actor.latent_pi = [Linear, act] x n; actor.mu; actor.log_std (a Linear, clamped to [-20, 2])
 SB3_LATENT_PI = "actor.latent_pi."
 SB3_SAC_MU = "actor.mu.{p}"
 SB3_SAC_LOG_STD = "actor.log_std.{p}"
 # TD3Policy: actor.mu = [Linear, act] x n + Linear + Tanh
 SB3_TD3_MU = "actor.mu."
-SB3_SDE_KEYS = ("actor.sde_net", "log_std_net")  # gSDE (use_sde): its noise matrix is not a Gaussian head
 
 # the zip's data JSON: what it states in clear
 SB3_NUM_TIMESTEPS = "num_timesteps"
@@ -102,19 +98,17 @@ SB3_FLOAT_DTYPES = ("float32", "float64", "float16")
 
 # policy classes (``data["policy_class"]``: the class's ``__init__`` as text names it)
 SB3_ACTOR_CRITIC = "ActorCriticPolicy"  # PPO / A2C MlpPolicy
+SB3_ON_POLICY = (SB3_ACTOR_CRITIC,)  # whose data's _last_original_obs tells VecNormalize's use (SB3_LAST_ORIGINAL_OBS)
 SB3_SAC_POLICY = "SACPolicy"
 SB3_TD3_POLICY = "TD3Policy"
 SB3_POLICY_CLASSES = (SB3_ACTOR_CRITIC, SB3_SAC_POLICY, SB3_TD3_POLICY)
 SB3_LAST_ORIGINAL_OBS = "_last_original_obs"  # set (an array) when VecNormalize wrapped the env; an
 # on-policy algorithm leaves it None otherwise (off-policy ones set it for their replay buffer either way)
-SB3_ON_POLICY = ("ActorCriticPolicy",)
 SB3_PPO_ONLY_FIELD = "clip_range"  # in PPO's data, not A2C's (the zip names no algorithm class)
 # activations (policy_kwargs["activation_fn"]: "<class 'torch.nn.modules.activation.ReLU'>")
 SB3_ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu"}
 SB3_DEFAULT_ACTIVATION = {SB3_ACTOR_CRITIC: "tanh", SB3_SAC_POLICY: "relu", SB3_TD3_POLICY: "relu"}
-SB3_DEFAULT_NET_ARCH = {SB3_ACTOR_CRITIC: [64, 64], SB3_SAC_POLICY: [256, 256], SB3_TD3_POLICY: [400, 300]}
 SB3_FLATTEN_EXTRACTOR = "FlattenExtractor"
-SB3_LOG_STD_MIN, SB3_LOG_STD_MAX = -20.0, 2.0  # sac/policies.py LOG_STD_MIN/MAX (ML-Agents' SAC clamps the same)
 
 # --- the values our spec fields take for an SB3 policy (blocks/normalizer.py, blocks/continuous.py) ------
 NORM_RULE_MLAGENTS, NORM_RULE_VECNORM = "mlagents", "vecnorm"
@@ -128,7 +122,7 @@ ACTION_LOW_INIT, ACTION_HIGH_INIT, ACTION_RANGE_INIT = "action_low", "action_hig
 # what each policy class's actor is made of (importers/sb3.py reads these tables, never a class by name)
 from .mlagents import LOG_SIGMA_LINEAR, MU, TRAINER_PPO, TRAINER_SAC  # noqa: E402
 SB3_ALGORITHM = {SB3_SAC_POLICY: TRAINER_SAC, SB3_TD3_POLICY: SB3_TD3}  # ActorCriticPolicy: PPO or A2C (clip_range)
-SB3_PPO, SB3_A2C_ALGORITHM = TRAINER_PPO, SB3_A2C
+SB3_PPO = TRAINER_PPO
 SB3_BODY = {SB3_ACTOR_CRITIC: (SB3_SHARED_NET, SB3_POLICY_NET), SB3_SAC_POLICY: (SB3_LATENT_PI,),
             SB3_TD3_POLICY: (SB3_TD3_MU,)}
 SB3_HEAD_IN_BODY = (SB3_TD3_POLICY,)  # its body prefix's last Linear is the head (then Tanh)

@@ -66,17 +66,23 @@ def _zip_pickle(data: bytes, p: Path):
 
 def _pickle_problem(pickle_bytes: bytes) -> Optional[str]:
     """What in the pickle torch's weights-only loader refuses, found by walking its opcodes
-    (``pickletools.genops``): a byte that is no opcode, an opcode it does not implement, or a GLOBAL
-    outside torch's tensor rebuilds. ``None`` when the pickle holds nothing it refuses."""
+    (``pickletools.genops``): a byte that is no opcode, an opcode it does not implement, or a global
+    (GLOBAL, or STACK_GLOBAL's two strings) outside torch's tensor rebuilds. ``None`` when the pickle
+    holds nothing it refuses."""
     f = io.BytesIO(pickle_bytes)
+    strings = []  # the strings pushed so far: STACK_GLOBAL's module and name are the last two
     try:
         for op, arg, _pos in pickletools.genops(f):
-            if op.name not in _WEIGHTS_ONLY_OPCODES:
+            if isinstance(arg, str):
+                strings.append(arg)
+            if op.name not in _WEIGHTS_ONLY_OPCODES and op.name != "STACK_GLOBAL":
                 return (f"refused to load: the pickle uses opcode {op.name}, which loading with "
-                        "weights_only=True does not allow")
-            if op.name == "GLOBAL" and str(arg).split(".")[0].split(" ")[0] not in _TENSOR_MODULES:
-                return (f"refused to load: the pickle asks for more than tensors (GLOBAL {quote(str(arg))}); "
-                        "a checkpoint must load with weights_only=True")
+                        "weights_only=True does not allow (nothing was executed)")
+            name = str(arg).replace(" ", ".") if op.name == "GLOBAL" else \
+                ".".join(strings[-2:]) if op.name == "STACK_GLOBAL" and len(strings) >= 2 else None
+            if name is not None and name.split(".")[0] not in _TENSOR_MODULES:
+                return (f"refused to load: the pickle asks for more than tensors (the global {quote(name)}); "
+                        "it must load with weights_only=True (nothing was executed)")
     except ValueError:  # genops stopped: the byte it just read is no opcode, or an argument is cut short
         at = f.tell() - 1
         code = pickle_bytes[at] if 0 <= at < len(pickle_bytes) else None
@@ -84,6 +90,32 @@ def _pickle_problem(pickle_bytes: bytes) -> Optional[str]:
             return f"not a readable torch checkpoint (not a valid pickle: byte 0x{code:02x} is no pickle opcode)"
         return "not a readable torch checkpoint (not a valid pickle: it ends inside an opcode's argument)"
     return None
+
+
+def _pickle_of(data: bytes) -> bytes:
+    """The pickle of a torch file, for describing a refusal: a zip's one ``data.pkl``, else the bytes."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            names = [n for n in zf.namelist() if n.endswith("data.pkl")]
+            return zf.read(names[0]) if len(names) == 1 else data
+    except Exception:  # not a readable zip: the bytes themselves are the pickle, or nothing to say
+        return data
+
+
+def load_weights_only(data: bytes, p: Path, where: str = "", quiet_warnings: bool = True,
+                      pickle_bytes: Optional[bytes] = None):
+    """``torch_load_weights_only(data)`` with torch's warnings silenced (``quiet_warnings``); any failure is
+    one ``CheckpointError`` saying why (the pickle's own opcodes first, ``_describe_load_failure``),
+    prefixed with ``where`` (e.g. the archive member) when given. ``pickle_bytes``: the pickle, where the
+    caller already has it."""
+    try:
+        with warnings.catch_warnings() if quiet_warnings else contextlib.nullcontext():
+            if quiet_warnings:  # torch's own warnings would break the one-line error
+                warnings.simplefilter("ignore")
+            return torch_load_weights_only(data)
+    except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
+        why = _describe_load_failure(exc, pickle_bytes if pickle_bytes is not None else _pickle_of(data))
+        raise CheckpointError(f"{where}: {why}" if where else why, p) from None
 
 
 def _describe_load_failure(exc: BaseException, pickle_bytes: Optional[bytes]) -> str:
@@ -313,13 +345,7 @@ def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = 
         except _NotFast:
             obj = None
     if obj is None:
-        try:
-            with warnings.catch_warnings() if quiet_warnings else contextlib.nullcontext():
-                if quiet_warnings:  # torch's own warnings would break the one-line error
-                    warnings.simplefilter("ignore")
-                obj = torch_load_weights_only(data)
-        except Exception as exc:  # torch raises many types for bad files; all mean "not loadable"
-            raise CheckpointError(_describe_load_failure(exc, pickle_bytes), p) from None
+        obj = load_weights_only(data, p, quiet_warnings=quiet_warnings, pickle_bytes=pickle_bytes)
     zf = None
     del data, pickle_bytes
     if isinstance(obj, torch.Tensor):
@@ -334,20 +360,24 @@ def load_checkpoint(path, data: Optional[bytes] = None, sha256: Optional[str] = 
     if not isinstance(policy, dict) or not all(isinstance(v, torch.Tensor) for v in policy.values()):
         raise CheckpointError(f"'{C.CKPT_POLICY}' is not a state dict of tensors", p)
     for k, t in policy.items():
-        _check_tensor(k, t, size, p)
+        check_tensor(k, t, size, p)
     return Checkpoint(path=p, sha256=digest, policy=dict(policy), global_step=_global_step(obj, size, p), top_keys=top)
 
 
-def _check_tensor(key, t, size: int, p: Path) -> None:
-    """A ``Policy`` entry: a str key, a dense (strided) tensor on the CPU whose elements the file really
-    holds (a stride-0 or huge-extent view is refused before anything is materialised)."""
+def check_tensor(key, t, size: int, p: Path, where: str = f"'{C.CKPT_POLICY}'") -> None:
+    """A state dict's entry (``where``: the state dict, in the messages): a str key, a dense (strided)
+    tensor on the CPU whose elements the file (``size`` bytes) really holds (a stride-0 or huge-extent
+    view is refused before anything is materialised)."""
     import torch
 
     if not isinstance(key, str):
-        raise CheckpointError(f"'{C.CKPT_POLICY}' has the key {quote(key)} ({type(key).__name__}), not a str", p)
+        raise CheckpointError(f"{where} has the key {quote(key)} ({type(key).__name__}), not a str", p)
+    if not isinstance(t, torch.Tensor):
+        raise CheckpointError(f"{where}: {quote(key)} holds a {type(t).__name__}, not a tensor "
+                              "(a flat state dict is expected)", p)
     if t.layout != torch.strided:
         raise CheckpointError(f"'{clip(key)}' is a sparse tensor ({str(t.layout).replace('torch.', '')}); "
-                              "a checkpoint holds dense tensors", p)
+                              "a state dict holds dense tensors", p)
     if t.numel() * t.element_size() > size:
         raise CheckpointError(f"'{clip(key)}' claims {t.numel():,} elements "
                               f"({list(t.shape)[:8]}), more than the {size:,}-byte file holds", p)
@@ -361,7 +391,7 @@ def _global_step(obj: dict, size: int, p: Path) -> Optional[int]:
     if not (isinstance(gs, dict) and isinstance(gs.get(C.GLOBAL_STEP_KEY), torch.Tensor)):
         return None
     t = gs[C.GLOBAL_STEP_KEY]
-    _check_tensor(C.GLOBAL_STEP_KEY, t, size, p)
+    check_tensor(C.GLOBAL_STEP_KEY, t, size, p)
     if t.numel() != 1:
         return None
     v = t.reshape(-1)[0]

@@ -29,6 +29,22 @@ def ieee_divisor(variance: np.ndarray, steps) -> np.ndarray:
     return np.sqrt(q.astype(np.float64)).astype(np.float32)  # correctly rounded float32 sqrt
 
 
+def one_step_variance(divisor: np.ndarray):
+    """The float32 variance that, with one normalization step, gives ``divisor`` back as its IEEE divisor:
+    ``(variance, bad)`` with variance = D² correctly rounded to float32 and ``bad`` the elements where that
+    fails (D not positive or not finite, or D² no normal float32). In binary floating point
+    ``fl(sqrt(fl(D * D))) == D`` for every D whose square is a normal float32 (1.09e-19 <= D <= 1.84e19;
+    checked exhaustively over the float32 significands in tests/test_from_onnx.py). An ONNX's folded
+    divisor (``blocks.normalizer.onnx_recover``) and VecNormalize's ``sqrt(var + eps)`` (``importers.sb3``)
+    are held this way."""
+    d = np.asarray(divisor, dtype=np.float32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        var = (d.astype(np.float64) ** 2).astype(np.float32)
+    bad = ~(np.isfinite(d) & (d > 0))
+    bad |= ~bad & (ieee_divisor(var, 1) != d)
+    return var, bad
+
+
 def ordered_int(a: np.ndarray) -> np.ndarray:
     """float32 bit patterns mapped onto a monotonic integer line (adjacent floats differ by 1)."""
     i = np.ascontiguousarray(a, dtype=np.float32).view(np.int32).astype(np.int64)

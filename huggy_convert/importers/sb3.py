@@ -39,7 +39,7 @@ from ..blocks.actor import constant_vectors
 from ..converter.checkpoint import Checkpoint
 from ..core.artifacts import sha256_bytes
 from ..core.files import read_input_file
-from ..core.numerics import ieee_divisor
+from ..core.numerics import one_step_variance
 from ..errors import CheckpointError, InputError, UnsupportedError
 from .sb3_files import Sb3Zip, VecNormStats, find_vec_normalize, read_sb3_zip, read_vec_normalize
 
@@ -63,15 +63,15 @@ def checkpoint_from_sb3(path, data: Optional[bytes] = None) -> Checkpoint:
                          "zip (without it the policy would see unnormalized observations)", p)
     sd: Dict[str, Any] = {}
     keys: Dict[str, str] = {}  # ML-Agents key -> the SB3 key(s) it holds
-    width = m.body(sd, keys)
-    cont, branches = m.heads(sd, keys, width)
+    widths = m.body(sd, keys)
+    cont, branches = m.heads(sd, keys, widths[-1])
     normalize = vn is not None and vn.norm_obs
     if normalize:
         _normalizer(sd, keys, vn, m.obs_size, vn_path)
     _constants(sd, cont, branches)
     fields: Dict[str, Any] = {"source": C.SB3_SOURCE, "algorithm": m.algorithm, "activation": m.activation}
-    if len(set(m.widths)) > 1:  # e.g. TD3's default net_arch [400, 300]
-        fields["hidden_sizes"] = m.widths
+    if len(set(widths)) > 1:  # e.g. TD3's default net_arch [400, 300]
+        fields["hidden_sizes"] = widths
     if cont:
         fields.update(action_rule=C.SB3_ACTION_RULE[m.cls], action_low=m.low, action_high=m.high)
     if normalize:
@@ -176,12 +176,12 @@ class _Model:
             w, b = (f"{prefix}{j}.{p}" for p in ("weight", "bias"))
             for k in (w, b):
                 if k not in self.z.state:
-                    raise self.error(f"missing key '{k}' in policy.pth")
+                    raise self.error(f"missing key '{k}' in {C.SB3_POLICY}")
             out.append((w, b))
         return out
 
-    def body(self, sd: Dict[str, Any], keys: Dict[str, str]) -> int:
-        """The hidden layers, as ML-Agents' body; returns their width."""
+    def body(self, sd: Dict[str, Any], keys: Dict[str, str]) -> Tuple[int, ...]:
+        """The hidden layers, as ML-Agents' body; returns each one's width."""
         state = list(self.z.state)
         layers = [lin for prefix in C.SB3_BODY[self.cls] for lin in self._linears(prefix, state)]
         if self.cls in C.SB3_HEAD_IN_BODY:
@@ -197,8 +197,7 @@ class _Model:
             widths.append(prev)
             for src, p in ((w, "weight"), (b, "bias")):
                 _put(sd, keys, C.BODY_LAYER.format(j=2 * n, p=p), self.z.state[src], src)
-        self.widths = tuple(widths)
-        return widths[-1]
+        return tuple(widths)
 
     def heads(self, sd: Dict[str, Any], keys: Dict[str, str], width: int) -> Tuple[int, Tuple[int, ...]]:
         """The action head(s); returns (continuous actions, discrete branches)."""
@@ -207,7 +206,7 @@ class _Model:
             w, b = (C.SB3_ACTION_NET.format(p=p) for p in ("weight", "bias"))
             for k in (w, b):
                 if k not in st:
-                    raise self.error(f"missing key '{k}' in policy.pth")
+                    raise self.error(f"missing key '{k}' in {C.SB3_POLICY}")
             if self.nvec:
                 total = sum(self.nvec)
                 if tuple(st[w].shape) != (total, width) or tuple(st[b].shape) != (total,):
@@ -221,7 +220,7 @@ class _Model:
                 return 0, self.nvec
             a = len(self.low)
             if C.SB3_LOG_STD not in st:
-                raise self.error(f"missing key '{C.SB3_LOG_STD}' in policy.pth (a Gaussian head's)")
+                raise self.error(f"missing key '{C.SB3_LOG_STD}' in {C.SB3_POLICY} (a Gaussian head's)")
             if tuple(st[C.SB3_LOG_STD].shape) != (a,):
                 raise self.error(f"wrong shape for '{C.SB3_LOG_STD}': {list(st[C.SB3_LOG_STD].shape)}, expected [{a}]")
             _put(sd, keys, C.MU.format(p="weight"), st[w], w)
@@ -232,7 +231,7 @@ class _Model:
             for src, dst in C.SB3_LINEAR_HEADS[self.cls]:
                 for p in ("weight", "bias"):
                     if src.format(p=p) not in st:
-                        raise self.error(f"missing key '{src.format(p=p)}' in policy.pth")
+                        raise self.error(f"missing key '{src.format(p=p)}' in {C.SB3_POLICY}")
                     _put(sd, keys, dst.format(p=p), st[src.format(p=p)], src.format(p=p))
         else:
             w, b = self._linears(C.SB3_BODY[self.cls][-1], list(st))[-1]
@@ -248,22 +247,24 @@ class _Model:
         used = {k.split("[")[0] for k in keys.values()}
         rest = sorted(k for k in state if k not in used)
         prefixes = sorted({k.rsplit(".", 2)[0] if "." in k else k for k in rest})
-        out = [f"policy.pth: {', '.join(prefixes)} (the critic and target networks: training only)"] if rest else []
+        out = [f"{C.SB3_POLICY}: {', '.join(prefixes)} (the critic and target networks: training only)"] if rest else []
         out.append("the optimizer state and the training hyperparameters (data's other fields)")
         if vn is not None:
-            out.append("vec_normalize.pkl: the reward normalizer (ret_rms: training only)")
+            out.append("the VecNormalize file: the reward normalizer (ret_rms: training only)")
         return out
 
 
 def _put(sd: Dict[str, Any], keys: Dict[str, str], key: str, t, src: str) -> None:
-    sd[key] = t.detach().clone().contiguous()
+    """``t`` (from ``policy.pth``, a view where a branch's rows are sliced) under ML-Agents' ``key``; the key
+    rules copy it into the canonical float32 array (``KeyRules.take``)."""
+    sd[key] = t.detach()
     keys[key] = src
 
 
 def _normalizer(sd, keys, vn: VecNormStats, n: int, path) -> None:
     """VecNormalize's float64 statistics as ML-Agents' normalizer of one step: mean rounded to float32;
     variance = D² (float32) for the float32 divisor D = sqrt(var + eps) rounded once, which the IEEE divisor
-    sqrt(variance / 1) gives back bit for bit where D² is a normal float32 (``blocks.normalizer.onnx_recover``)."""
+    sqrt(variance / 1) gives back bit for bit where D² is a normal float32 (``core.numerics.one_step_variance``)."""
     import torch
 
     mean, var = np.asarray(vn.mean, np.float64).reshape(-1), np.asarray(vn.var, np.float64).reshape(-1)
@@ -272,9 +273,7 @@ def _normalizer(sd, keys, vn: VecNormStats, n: int, path) -> None:
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
         raise CheckpointError("VecNormalize's obs_rms holds a non-finite mean or a negative variance", path)
     div = np.sqrt(var + float(vn.epsilon)).astype(np.float32)
-    with np.errstate(over="ignore", under="ignore"):
-        var32 = (div.astype(np.float64) ** 2).astype(np.float32)
-    bad = ~(div > 0) | (ieee_divisor(var32, 1) != div)
+    var32, bad = one_step_variance(div)
     if bad.any():
         j = int(np.argmax(bad))
         raise UnsupportedError(f"not supported yet: VecNormalize's divisor sqrt(var + eps)[{j}] = {float(div[j])!r}, "

@@ -2,7 +2,7 @@
 
 - ``model.zip`` (``model.save``): the ``data`` JSON as parsed (its ``":serialized:"`` base64 cloudpickles
   are left as text, never decoded), ``policy.pth`` through torch's weights-only loader
-  (``converter.checkpoint.torch_load_weights_only``), the SB3 version. The zip's members are bounded
+  (``converter.checkpoint.load_weights_only``), the SB3 version. The zip's members are bounded
   (stored or deflated only, each claimed size within the bounds and its compression ratio, so a zip bomb
   is refused before it is inflated).
 - ``vec_normalize.pkl`` (``VecNormalize.save``: the whole object pickled): an allow-listing
@@ -25,7 +25,6 @@ import pickle
 import pickletools
 import re
 import struct
-import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .. import contract as C
-from ..converter.checkpoint import torch_load_weights_only
+from ..converter.checkpoint import check_tensor, load_weights_only
 from ..core.artifacts import sha256_bytes
 from ..core.files import MAX_INPUT_BYTES, check_regular, clip, quote, read_input_file
 from ..errors import CheckpointError, InputError, UnsupportedError, describe
@@ -141,68 +140,16 @@ def _parse_data(raw: bytes, p: Path) -> Dict[str, Any]:
     return obj
 
 
-_TORCH_MODULES = ("torch", "collections")
-
-
-def _refused_global(pth: bytes) -> Optional[str]:
-    """The first global outside torch's tensor rebuilds that ``policy.pth``'s pickle names (a walk over its
-    opcodes, nothing loaded), for the message; ``None`` when none is found."""
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(pth))
-        names = [n for n in zf.namelist() if n.endswith("data.pkl")]
-        blob = zf.read(names[0]) if len(names) == 1 else pth
-    except Exception:
-        blob = pth
-    strings = []
-    try:
-        for op, arg, _pos in pickletools.genops(io.BytesIO(blob)):
-            if isinstance(arg, str):
-                strings.append(arg)
-            name = None
-            if op.name in ("GLOBAL", "INST"):
-                name = str(arg).replace(" ", ".")
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                name = f"{strings[-2]}.{strings[-1]}"
-            if name is not None and name.split(".")[0] not in _TORCH_MODULES:
-                return name
-    except Exception:
-        return None
-    return None
-
-
 def _load_state(pth: bytes, p: Path) -> Dict[str, "object"]:
-    import torch  # deferred: reading a zip's JSON alone does not need it
-
+    """``policy.pth`` through the checkpoint reader's weights-only load (``converter.checkpoint``: a refused
+    pickle named by its opcodes, nothing executed), then checked as a flat state dict of dense tensors."""
     where = C.SB3_POLICY
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obj = torch_load_weights_only(pth)
-    except Exception as exc:  # torch raises many types for a bad file; each means "not loadable"
-        if isinstance(exc, pickle.UnpicklingError):
-            bad = _refused_global(pth)
-            what = f"the global {quote(bad)}" if bad else "more than tensors"
-            raise CheckpointError(f"{where}: refused to load: its pickle asks for {what} (weights_only=True; "
-                                  "nothing was executed)", p) from None
-        if isinstance(exc, MemoryError):
-            raise CheckpointError(f"{where}: too large to load here (MemoryError)", p) from None
-        raise CheckpointError(f"{where}: not a readable torch file ({describe(exc, 120)})", p) from None
+    obj = load_weights_only(pth, p, where)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{where}: holds a {type(obj).__name__}, not a state dict (str -> tensor)", p)
-    state = {}
     for k, t in obj.items():
-        if not isinstance(k, str):
-            raise CheckpointError(f"{where}: has the key {quote(k)} ({type(k).__name__}), not a str", p)
-        if not isinstance(t, torch.Tensor):
-            raise CheckpointError(f"{where}: {quote(k)} holds a {type(t).__name__}, not a tensor "
-                                  "(a flat state dict is expected)", p)
-        if t.layout != torch.strided:
-            raise CheckpointError(f"{where}: {quote(k)} is a sparse tensor; a state dict of dense tensors is expected", p)
-        if t.numel() * t.element_size() > len(pth):
-            raise CheckpointError(f"{where}: {quote(k)} claims {t.numel():,} elements, more than the "
-                                  f"{len(pth):,}-byte member holds", p)
-        state[k] = t
-    return state
+        check_tensor(k, t, len(pth), p, where)
+    return dict(obj)
 
 
 def read_sb3_zip(path, data: Optional[bytes] = None) -> Sb3Zip:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import contract as C
-from ..converter import Checkpoint, load_checkpoint, load_policy
+from ..converter import Checkpoint, load_policy
 from ..converter.reference import read_onnx
 from ..core.artifacts import SAFETENSORS, SUFFIXES
 from ..core.policy import Policy
@@ -177,8 +177,8 @@ def load_source(path, obs_sizes: Optional[Sequence[int]] = None, divisor: str = 
         run_dir = p
         p = newest_checkpoint(p)
     suffix = p.suffix.lower()
-    if suffix in CKPT_SUFFIXES or foreign_format(p):
-        ckpt = read_source(p) if foreign_format(p) else load_checkpoint(p)
+    if suffix in CKPT_SUFFIXES or foreign_format(p):  # read_source: a .pt, or another trainer's file
+        ckpt = read_source(p)
         prep = prepare_conversion(ckpt, default_reference(p), obs_sizes, divisor, lenient=True)
         pol = prep.conversion.policy
         src = Source(p, KIND_CHECKPOINT, pol.spec, policy=pol, checkpoint=ckpt, run_dir=run_dir, prepared=prep)
